@@ -1,0 +1,14 @@
+"""GCache for ComfyUI: globally optimized residual caching for diffusion transformers.
+
+ComfyUI imports this folder as a package (under whatever name it was cloned as) and calls
+`comfy_entrypoint()`. Only that function reaches into `nodes/`, which is the only code that imports
+ComfyUI; `core/` and `search/` stay headless.
+"""
+
+__version__ = "0.1.0"
+
+
+async def comfy_entrypoint():
+    from .nodes.extension import GCacheExtension  # imports ComfyUI: only ever inside ComfyUI
+
+    return GCacheExtension()

@@ -1,0 +1,259 @@
+"""Residual-reuse engine: the per-run state that skips the block stack on the policy's reuse steps.
+
+Contract with a model (the reference DiT here, family adapters in ComfyUI):
+    h = f_in(x)                                   # block-stack input, image tokens, batch = chunks of branches
+    compute = cache.enter(h, branches)            # decides for this call
+    z = blocks(h) if compute else <anything>      # the caller runs the stack only when told to
+    z = cache.exit(z)                             # stores δ = z − h, or returns h + δ_cached on a skip
+or simply `z = cache.run(h, branches, blocks)`.
+
+The caller says which sampler step a call belongs to with `set_step(i)` (one step-attribution function for
+Apply and Profile). Caches are per branch (CFG cond/uncond, batch chunk); a changed shape/dtype/device resets
+them with a warning. `close()` releases every tensor; use the cache as a context manager so that this also
+happens when an exception escapes the blocks.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Hashable, Optional, Sequence
+
+import torch
+
+from .errors import GCacheError
+
+log = logging.getLogger("gcache")
+
+
+@dataclass
+class CacheStats:
+    computed_steps: int = 0
+    skipped_steps: int = 0
+    block_runs: dict = field(default_factory=dict)  # branch key -> number of block-stack runs
+    stack_calls: int = 0
+    resets: int = 0
+    bytes_held: int = 0
+    peak_bytes: int = 0
+    step_seconds: dict = field(default_factory=dict)  # step -> wall seconds (filled at close)
+
+    def measured_speedup(self, mask: Optional[Sequence[int]]) -> Optional[float]:
+        """N · (mean time of a computed step) / (total time), from this run's own step timings."""
+        if not self.step_seconds or mask is None:
+            return None
+        comp = [t for s, t in self.step_seconds.items() if s < len(mask) and mask[s]]
+        if not comp:
+            return None
+        total = sum(self.step_seconds.values())
+        return len(self.step_seconds) * (sum(comp) / len(comp)) / total if total > 0 else None
+
+
+class _StepClock:
+    """Times sampler steps without host syncs: CUDA events on a GPU, perf_counter on the CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: list[tuple[int, object]] = []
+
+    def mark(self, step: Optional[int]) -> None:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.marks.append((step, ev))
+        else:
+            self.marks.append((step, time.perf_counter()))
+
+    def durations(self) -> dict:
+        if len(self.marks) < 2:
+            return {}
+        if self.cuda:
+            self.marks[-1][1].synchronize()
+            secs = [a[1].elapsed_time(b[1]) / 1000.0 for a, b in zip(self.marks, self.marks[1:])]
+        else:
+            secs = [b[1] - a[1] for a, b in zip(self.marks, self.marks[1:])]
+        out: dict = {}
+        for (step, _), s in zip(self.marks, secs):
+            out[step] = out.get(step, 0.0) + s
+        return out
+
+
+class ResidualCache:
+    """Per-run residual reuse state. Create one per sampling run; never share it between runs or models."""
+
+    def __init__(self, mask: Optional[Sequence[int]], cache_device: Optional[str | torch.device] = None,
+                 recorder=None, time_steps: bool = True):
+        if mask is not None:
+            mask = [int(v) for v in mask]
+            if not mask or mask[0] != 1 or any(v not in (0, 1) for v in mask):
+                raise GCacheError("ResidualCache needs a 0/1 mask whose first entry is 1.")
+        self.mask = mask
+        self.cache_device = torch.device(cache_device) if cache_device is not None else None
+        self.recorder = recorder
+        self.time_steps = time_steps
+        self.stats = CacheStats()
+        self.step: Optional[int] = None
+        self._deltas: dict[Hashable, torch.Tensor] = {}
+        self._meta: dict[Hashable, tuple] = {}
+        self._pending: Optional[tuple] = None
+        self._step_decided: dict[int, bool] = {}
+        self._clock: Optional[_StepClock] = None
+        self._last_clock_step: Optional[int] = None
+        self.closed = False
+
+    # ------------------------------------------------------------------ step attribution
+    def set_step(self, step: int) -> None:
+        """Every model call after this belongs to sampler step `step` (until the next set_step)."""
+        if self.mask is not None and not 0 <= step < len(self.mask):
+            raise GCacheError(
+                f"Sampler step {step} is outside the policy's {len(self.mask)} steps: the policy was made for "
+                "another step count. Remap it (GCache Apply does this by normalized time) or search again."
+            )
+        self.step = step
+
+    def expect_steps(self, n_steps: int) -> None:
+        """Refuse a policy made for another step count before sampling starts."""
+        if self.mask is not None and len(self.mask) != n_steps:
+            raise GCacheError(
+                f"The policy has {len(self.mask)} steps but this sampling run has {n_steps}: remap the policy to "
+                f"{n_steps} steps (Policy.remap / GCache Apply's remap option) or search again for {n_steps} steps."
+            )
+
+    def step_computes(self, step: Optional[int]) -> bool:
+        return self.mask is None or step is None or bool(self.mask[step])
+
+    def _must_store(self, step: Optional[int], forced: bool) -> bool:
+        # δ is only needed if a later step will reuse it: skip the subtraction on back-to-back computed steps.
+        if forced or self.mask is None or step is None:
+            return True
+        return step + 1 < len(self.mask) and self.mask[step + 1] == 0
+
+    # ------------------------------------------------------------------ the hook
+    def enter(self, h: torch.Tensor, branches: Sequence[Hashable] = ("all",)) -> bool:
+        if self.closed:
+            raise RuntimeError("ResidualCache used after close(): create a new one per sampling run.")
+        keys, chunks = self._split_keys(h, branches)
+        step = self.step
+        if self.time_steps and step is not None and step != self._last_clock_step:
+            if self._clock is None:
+                self._clock = _StepClock(h.device)
+            self._clock.mark(step)
+            self._last_clock_step = step
+        compute = self.step_computes(step)
+        forced = False
+        meta = (h.shape[0] // chunks, tuple(h.shape[1:]), h.dtype, h.device)  # per chunk
+        for k in keys:
+            old = self._meta.get(k)
+            if old is not None and old != meta:
+                log.warning("GCache: the block-stack input changed from %s to %s (batch, resolution or dtype) "
+                            "during sampling; the residual cache is reset and this step is computed.", old, meta)
+                self.reset()
+                self.stats.resets += 1
+                break
+        if not compute and any(k not in self._deltas for k in keys):
+            compute, forced = True, True  # a branch we have no residual for (new cond, reset): compute it
+        if step is not None and step not in self._step_decided:
+            self._step_decided[step] = compute
+            if compute:
+                self.stats.computed_steps += 1
+            else:
+                self.stats.skipped_steps += 1
+        self.stats.stack_calls += 1
+        self._pending = (h, keys, chunks, compute, forced, meta)
+        return compute
+
+    def exit(self, z: Optional[torch.Tensor]) -> torch.Tensor:
+        if self._pending is None:
+            raise RuntimeError("ResidualCache.exit() without enter().")
+        h, keys, chunks, compute, forced, meta = self._pending
+        self._pending = None
+        step = self.step
+        if compute:
+            if z is None or z.shape != h.shape:
+                raise GCacheError(f"The block stack returned shape {None if z is None else tuple(z.shape)} for input "
+                                  f"{tuple(h.shape)}: the family adapter marks the wrong tokens as image tokens.")
+            for k in keys:
+                self.stats.block_runs[k] = self.stats.block_runs.get(k, 0) + 1
+            record = self.recorder is not None and step is not None
+            if record or self._must_store(step, forced):
+                delta = z - h
+                parts = delta.chunk(chunks, 0) if chunks > 1 else (delta,)
+                hparts = h.chunk(chunks, 0) if chunks > 1 else (h,)
+                for k, d, hp in zip(keys, parts, hparts):
+                    if record:
+                        self.recorder.record(step, k, hp, d)
+                    if self._must_store(step, forced):
+                        self._store(k, d, meta)
+            return z
+        parts = [self._deltas[k] for k in keys]
+        if self.cache_device is not None and parts[0].device != h.device:
+            parts = [p.to(h.device, non_blocking=True) for p in parts]
+        delta = parts[0] if len(parts) == 1 else torch.cat(parts, 0)
+        return h + delta
+
+    def run(self, h: torch.Tensor, branches: Sequence[Hashable], blocks: Callable[[torch.Tensor], torch.Tensor]):
+        """enter → blocks (only when computing) → exit; a failure in the blocks drops the pending input."""
+        try:
+            z = blocks(h) if self.enter(h, branches) else None
+        except BaseException:
+            self._pending = None
+            raise
+        return self.exit(z)
+
+    # ------------------------------------------------------------------ storage
+    def _split_keys(self, h: torch.Tensor, branches: Sequence[Hashable]):
+        branches = list(branches) if branches else ["all"]
+        if len(branches) > 1 and h.shape[0] % len(branches) == 0:
+            return branches, len(branches)
+        return [tuple(branches) if len(branches) > 1 else branches[0]], 1
+
+    def _store(self, key: Hashable, delta: torch.Tensor, meta: tuple) -> None:
+        old = self._deltas.get(key)
+        if self.cache_device is not None and delta.device != self.cache_device:
+            delta = delta.to(self.cache_device, non_blocking=False)
+        elif delta._base is not None or not delta.is_contiguous():
+            delta = delta.contiguous() if not delta.is_contiguous() else delta.clone()  # don't pin the whole batch
+        self._deltas[key] = delta
+        self._meta[key] = meta
+        self.stats.bytes_held += delta.numel() * delta.element_size() - (0 if old is None else old.numel() * old.element_size())
+        self.stats.peak_bytes = max(self.stats.peak_bytes, self.stats.bytes_held)
+
+    def reset(self) -> None:
+        self._deltas.clear()
+        self._meta.clear()
+        self.stats.bytes_held = 0
+
+    def close(self) -> CacheStats:
+        """Release every cached tensor (idempotent). Returns the run's statistics."""
+        if self._clock is not None:
+            try:
+                self._clock.mark(None)  # end of the last step
+                self.stats.step_seconds = self._clock.durations()
+            except RuntimeError:  # a CUDA error already in flight: timings are not worth a second failure
+                self.stats.step_seconds = {}
+            self._clock = None
+        self.reset()
+        self._pending = None
+        self.closed = True
+        return self.stats
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def held_tensors(self) -> int:
+        return len(self._deltas) + (0 if self._pending is None else 1)
+
+    def summary(self, io_share: Optional[float] = None) -> str:
+        s = self.stats
+        n = s.computed_steps + s.skipped_steps
+        parts = [f"computed {s.computed_steps}/{n} steps, skipped {s.skipped_steps}"]
+        if io_share is not None and n:
+            parts.append(f"predicted speed-up {n / (s.computed_steps + s.skipped_steps * io_share):.2f}x")
+        ms = s.measured_speedup(self.mask)
+        if ms is not None:
+            parts.append(f"measured {ms:.2f}x")
+        parts.append(f"cache peak {s.peak_bytes / 2**20:.1f} MiB")
+        return "GCache: " + ", ".join(parts)

@@ -1,0 +1,205 @@
+"""Policy: which sampler steps compute the block stack (1) and which reuse the cached residual (0).
+
+A policy is a mask over *sampler steps* (the N steps of the sigma schedule), never over model calls.
+It is stored as human-readable JSON with a format version.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from .errors import GCacheError
+from .files import atomic_write_text
+
+POLICY_FORMAT = "gcache.policy"
+POLICY_VERSION = 1
+
+
+def predicted_speedup(n_steps: int, n_computed: int, io_share: float) -> float:
+    """N·T / (K·T + (N−K)·T_io) with io_share = T_io / T (cost of a step without the block stack)."""
+    if not 0.0 <= io_share <= 1.0:
+        raise GCacheError(f"io_share must lie in [0, 1] (time of a step without blocks / time of a full step), got {io_share}.")
+    return n_steps / (n_computed + (n_steps - n_computed) * io_share)
+
+
+@dataclass
+class Policy:
+    mask: list[int]
+    times: Optional[list[float]] = None   # normalized time t of each step (1 = start of sampling, 0 = end)
+    sigmas: Optional[list[float]] = None  # the sampler's sigmas of each step, when known
+    method: str = "manual"
+    provenance: dict = field(default_factory=dict)  # s, degree, objective, evaluations, seeds, profile…
+    metrics: dict = field(default_factory=dict)     # measured loss, psnr, ssim, predicted speed-up…
+
+    def __post_init__(self):
+        self.mask = [int(v) if v in (0, 1, True, False) else v for v in self.mask]
+        self.validate()
+
+    # ------------------------------------------------------------------ basics
+    @property
+    def n_steps(self) -> int:
+        return len(self.mask)
+
+    @property
+    def n_computed(self) -> int:
+        return int(sum(self.mask))
+
+    def validate(self) -> None:
+        m = self.mask
+        if not isinstance(m, list) or len(m) == 0:
+            raise GCacheError("The policy mask is empty: it needs one 0/1 entry per sampler step.")
+        bad = [v for v in m if v not in (0, 1)]
+        if bad:
+            raise GCacheError(f"The policy mask may only hold 0 (reuse) and 1 (compute); found {bad[:3]}.")
+        if m[0] != 1:
+            raise GCacheError(
+                "The first step of a policy must compute the blocks (mask[0] = 1): there is no cached residual "
+                "to reuse before it. Set the first entry to 1."
+            )
+        for name, seq in (("times", self.times), ("sigmas", self.sigmas)):
+            if seq is not None:
+                if len(seq) != len(m):
+                    raise GCacheError(
+                        f"The policy has {len(m)} mask entries but {len(seq)} {name}: they must match one per step."
+                    )
+                if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in seq):
+                    raise GCacheError(f"The policy's {name} contain a non-number or NaN/Inf value.")
+
+    def predicted_speedup(self, io_share: float) -> float:
+        return predicted_speedup(self.n_steps, self.n_computed, io_share)
+
+    def compute_steps(self) -> list[int]:
+        return [i for i, v in enumerate(self.mask) if v]
+
+    def describe(self) -> str:
+        return "".join("█" if v else "·" for v in self.mask)
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def all_ones(cls, n_steps: int, **kw) -> "Policy":
+        check_budget(n_steps, n_steps)
+        return cls(mask=[1] * n_steps, method="full", **kw)
+
+    @classmethod
+    def from_steps(cls, n_steps: int, steps: Sequence[int], **kw) -> "Policy":
+        mask = [0] * n_steps
+        for s in steps:
+            if not 0 <= int(s) < n_steps:
+                raise GCacheError(f"Step {s} is outside 0..{n_steps - 1}.")
+            mask[int(s)] = 1
+        return cls(mask=mask, **kw)
+
+    # ------------------------------------------------------------------ remap
+    def remap(self, n_steps: int, times: Optional[Sequence[float]] = None) -> "Policy":
+        """The same policy for another step count, matched by normalized time.
+
+        K scales with N (K' = round(K·N'/N), at least 1). Each computed step goes to the new step nearest in
+        normalized time; collisions take the nearest free step, so the result has exactly K' computed steps.
+        """
+        if n_steps < 1:
+            raise GCacheError(f"Cannot remap a policy to {n_steps} steps.")
+        old_t = self.times if self.times is not None else _uniform_times(self.n_steps)
+        new_t = list(times) if times is not None else _uniform_times(n_steps)
+        if len(new_t) != n_steps:
+            raise GCacheError(f"remap got {len(new_t)} times for {n_steps} steps.")
+        k_new = max(1, min(n_steps, round(self.n_computed * n_steps / self.n_steps)))
+        # Rank old computed steps so that the first step always wins its slot.
+        targets = [old_t[i] for i in self.compute_steps()]
+        chosen: set[int] = {0}
+        for t in targets[1:]:
+            if len(chosen) >= k_new:
+                break
+            order = sorted(range(n_steps), key=lambda j: (abs(new_t[j] - t), j))
+            for j in order:
+                if j not in chosen:
+                    chosen.add(j)
+                    break
+        # A shrinking K may leave targets unused; a growing K fills the largest gaps.
+        while len(chosen) < k_new:
+            steps = sorted(chosen) + [n_steps]
+            gaps = [(steps[a + 1] - steps[a], steps[a]) for a in range(len(steps) - 1)]
+            size, start = max(gaps)
+            chosen.add(start + size // 2)
+        prov = dict(self.provenance, remapped_from=self.n_steps)
+        return Policy.from_steps(n_steps, sorted(chosen), times=list(new_t) if times is not None else None,
+                                 method=self.method, provenance=prov, metrics={})
+
+    def matches(self, n_steps: int) -> bool:
+        return self.n_steps == n_steps
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict:
+        return {
+            "format": POLICY_FORMAT,
+            "version": POLICY_VERSION,
+            "n_steps": self.n_steps,
+            "k": self.n_computed,
+            "mask": self.mask,
+            "times": self.times,
+            "sigmas": self.sigmas,
+            "method": self.method,
+            "provenance": self.provenance,
+            "metrics": self.metrics,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "policy") -> "Policy":
+        if not isinstance(d, dict) or d.get("format") != POLICY_FORMAT:
+            raise GCacheError(f"{source} is not a GCache policy file (no 'format': '{POLICY_FORMAT}').")
+        if d.get("version") != POLICY_VERSION:
+            raise GCacheError(
+                f"{source} has policy format version {d.get('version')!r}; this GCache reads version "
+                f"{POLICY_VERSION}. Update GCache, or run GCache Search again to make a new policy."
+            )
+        try:
+            mask = list(d["mask"])
+            pol = cls(mask=mask, times=d.get("times"), sigmas=d.get("sigmas"), method=str(d.get("method", "manual")),
+                      provenance=dict(d.get("provenance") or {}), metrics=dict(d.get("metrics") or {}))
+        except GCacheError as e:
+            raise GCacheError(f"{source}: {e}") from None
+        except (KeyError, TypeError, ValueError) as e:
+            raise GCacheError(f"{source} is damaged ({e!r}); run GCache Search again or restore a backup.") from None
+        for key, val in (("n_steps", pol.n_steps), ("k", pol.n_computed)):
+            if key in d and d[key] != val:
+                raise GCacheError(f"{source} says {key}={d[key]} but its mask has {val}: the file was edited "
+                                  "inconsistently. Fix the mask or the count.")
+        return pol
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "policy") -> "Policy":
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise GCacheError(f"{source} is not valid JSON ({e.msg} at line {e.lineno}); the file is truncated or "
+                              "was edited by hand. Restore it or run GCache Search again.") from None
+        return cls.from_dict(d, source)
+
+    def save(self, path: str) -> None:
+        atomic_write_text(path, self.to_json())
+
+    @classmethod
+    def load(cls, path: str) -> "Policy":
+        if not os.path.isfile(path):
+            raise GCacheError(f"No policy file at {path}.")
+        with open(path, "r", encoding="utf-8") as f:
+            text = f.read()
+        return cls.from_json(text, source=os.path.basename(path))
+
+
+def check_budget(k: int, n_steps: int) -> None:
+    if not isinstance(k, int) or isinstance(k, bool):
+        raise GCacheError(f"K must be a whole number, got {k!r}.")
+    if not 1 <= k <= n_steps:
+        raise GCacheError(f"K = {k} computed steps is outside [1, {n_steps}] for {n_steps} sampler steps: "
+                          f"choose K between 1 and {n_steps}.")
+
+
+def _uniform_times(n: int) -> list[float]:
+    """Normalized time of step i when nothing better is known: 1 at the first step, → 0 at the end."""
+    return [1.0 - i / n for i in range(n)]

@@ -1,0 +1,265 @@
+"""Profile: residual errors E[i, j] = mean |δ_i − δ_j| over full-compute runs, plus local indicators.
+
+Memory model of the recorder (per branch of a run, measured by bench/engine.py and bench/speed.py):
+- the residual history, N × numel(δ) in δ's dtype, lives on `history_device` (default: δ's own device;
+  "cpu" offloads it and streams it back in chunks for each new row),
+- one copy of the previous block input h (for the rel-L1 change of h),
+- a temporary of at most `chunk_elems` elements while a row of E is computed.
+E is built row by row as each step arrives (O(N²·numel) work spread over the run), so nothing is
+recomputed at the end. Values are means (not sums) so profiles at different resolutions can be merged.
+
+The artifact stores sums and a count (mergeable), saved as safetensors with JSON metadata.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Hashable, Optional, Sequence
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from .errors import GCacheError
+from .files import atomic_write_bytes
+
+log = logging.getLogger("gcache")
+
+PROFILE_FORMAT = "gcache.profile"
+PROFILE_VERSION = 1
+_TENSORS = ("e_sum", "delta_norm_sum", "rel_delta_sum", "rel_h_sum", "times", "sigmas")
+
+
+@dataclass
+class Profile:
+    n_steps: int
+    e_sum: np.ndarray                 # [N, N] Σ over samples of mean |δ_i − δ_j|
+    count: int                        # samples = (run, branch) pairs with every step recorded
+    delta_norm_sum: np.ndarray        # [N] Σ mean |δ_j|
+    rel_delta_sum: np.ndarray         # [N] Σ mean|δ_j − δ_{j−1}| / mean|δ_{j−1}| (entry 0 is 0)
+    rel_h_sum: np.ndarray             # [N] Σ mean|h_j − h_{j−1}| / mean|h_{j−1}| (entry 0 is 0)
+    times: np.ndarray                 # [N] normalized time per step (1 → 0)
+    sigmas: np.ndarray                # [N] sampler sigma per step
+    meta: dict = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ views
+    @property
+    def E(self) -> np.ndarray:
+        self._need_samples()
+        return self.e_sum / self.count
+
+    @property
+    def delta_norm(self) -> np.ndarray:
+        self._need_samples()
+        return self.delta_norm_sum / self.count
+
+    @property
+    def rel_delta(self) -> np.ndarray:
+        self._need_samples()
+        return self.rel_delta_sum / self.count
+
+    @property
+    def rel_h(self) -> np.ndarray:
+        self._need_samples()
+        return self.rel_h_sum / self.count
+
+    def _need_samples(self):
+        if self.count <= 0:
+            raise GCacheError("This profile holds no complete run yet: run sampling with GCache Profile first.")
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def empty(cls, times: Sequence[float], sigmas: Optional[Sequence[float]] = None, meta: Optional[dict] = None):
+        n = len(times)
+        if n < 1:
+            raise GCacheError("A profile needs at least one step.")
+        z = np.zeros(n)
+        return cls(n, np.zeros((n, n)), 0, z.copy(), z.copy(), z.copy(), np.asarray(times, dtype=np.float64),
+                   np.asarray(sigmas if sigmas is not None else times, dtype=np.float64), dict(meta or {}))
+
+    def check_compatible(self, other: "Profile") -> None:
+        if other.n_steps != self.n_steps:
+            raise GCacheError(f"Cannot merge profiles of {self.n_steps} and {other.n_steps} steps: profile each step "
+                              "count under its own name.")
+        if not np.allclose(self.times, other.times, atol=1e-4):
+            raise GCacheError("Cannot merge profiles made with different schedules (sampler/scheduler/shift): "
+                              "profile each schedule under its own name.")
+        for key in ("model", "family"):
+            a, b = self.meta.get(key), other.meta.get(key)
+            if a and b and a != b:
+                raise GCacheError(f"Cannot merge a profile of {key} {b!r} into one of {a!r}: use another name.")
+
+    def merge(self, other: "Profile") -> "Profile":
+        self.check_compatible(other)
+        meta = dict(self.meta)
+        for k, v in other.meta.items():
+            meta.setdefault(k, v)
+        meta["runs"] = int(self.meta.get("runs", 0)) + int(other.meta.get("runs", 0))
+        return Profile(self.n_steps, self.e_sum + other.e_sum, self.count + other.count,
+                       self.delta_norm_sum + other.delta_norm_sum, self.rel_delta_sum + other.rel_delta_sum,
+                       self.rel_h_sum + other.rel_h_sum, self.times.copy(), self.sigmas.copy(), meta)
+
+    # ------------------------------------------------------------------ file
+    def to_bytes(self) -> bytes:
+        tensors = {k: torch.from_numpy(np.ascontiguousarray(getattr(self, k), dtype=np.float64)) for k in _TENSORS}
+        meta = {"format": PROFILE_FORMAT, "version": str(PROFILE_VERSION), "n_steps": str(self.n_steps),
+                "count": str(self.count), "meta": json.dumps(self.meta, allow_nan=False)}
+        return st_save(tensors, metadata=meta)
+
+    def save(self, path: str) -> None:
+        atomic_write_bytes(path, self.to_bytes())
+
+    @classmethod
+    def from_bytes(cls, data: bytes, source: str = "profile") -> "Profile":
+        try:
+            tensors = st_load(data)
+            meta = _read_st_metadata(data)
+        except (SafetensorError, ValueError, json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
+            raise GCacheError(f"{source} is not a readable safetensors profile ({e}); the file is truncated or "
+                              "damaged. Delete it and profile again.") from None
+        if meta.get("format") != PROFILE_FORMAT:
+            raise GCacheError(f"{source} is not a GCache profile (metadata 'format' is {meta.get('format')!r}).")
+        if meta.get("version") != str(PROFILE_VERSION):
+            raise GCacheError(f"{source} has profile format version {meta.get('version')!r}; this GCache reads "
+                              f"{PROFILE_VERSION}. Update GCache or profile again.")
+        try:
+            n = int(meta["n_steps"])
+            count = int(meta["count"])
+            extra = json.loads(meta.get("meta", "{}"))
+            arrays = {k: tensors[k].double().numpy() for k in _TENSORS}
+        except (KeyError, ValueError, json.JSONDecodeError) as e:
+            raise GCacheError(f"{source} is damaged (missing or bad {e}); delete it and profile again.") from None
+        shapes_ok = arrays["e_sum"].shape == (n, n) and all(arrays[k].shape == (n,) for k in _TENSORS[1:])
+        if not shapes_ok or count < 0:
+            raise GCacheError(f"{source} is inconsistent (its arrays do not match n_steps={n}); delete it and "
+                              "profile again.")
+        if not all(np.all(np.isfinite(a)) for a in arrays.values()):
+            raise GCacheError(f"{source} contains NaN/Inf values; delete it and profile again.")
+        return cls(n, arrays["e_sum"], count, arrays["delta_norm_sum"], arrays["rel_delta_sum"],
+                   arrays["rel_h_sum"], arrays["times"], arrays["sigmas"], extra)
+
+    @classmethod
+    def load(cls, path: str) -> "Profile":
+        if not os.path.isfile(path):
+            raise GCacheError(f"No profile file at {path}.")
+        with open(path, "rb") as f:
+            return cls.from_bytes(f.read(), source=os.path.basename(path))
+
+
+def _read_st_metadata(data: bytes) -> dict:
+    n = int.from_bytes(data[:8], "little")
+    if n <= 0 or n > len(data) - 8:
+        raise ValueError("bad header length")
+    header = json.loads(data[8:8 + n].decode("utf-8"))
+    return dict(header.get("__metadata__") or {})
+
+
+class _BranchHistory:
+    """Residual history of one branch in one run; fills one row of E per recorded step."""
+
+    def __init__(self, n_steps: int, delta: torch.Tensor, history_device: Optional[torch.device], chunk_elems: int):
+        self.device = delta.device
+        hist_dev = history_device or delta.device
+        self.numel = delta.numel()
+        self.hist = torch.empty((n_steps, self.numel), dtype=delta.dtype, device=hist_dev)
+        self.rows = torch.zeros((n_steps, n_steps), dtype=torch.float64, device=delta.device)
+        self.norms = torch.zeros(n_steps, dtype=torch.float64, device=delta.device)
+        self.rel_h = torch.zeros(n_steps, dtype=torch.float64, device=delta.device)
+        self.recorded = [False] * n_steps
+        self.prev_h: Optional[torch.Tensor] = None
+        self.rows_per_chunk = max(1, chunk_elems // max(1, self.numel))
+        self.shape = tuple(delta.shape)
+
+    def add(self, step: int, h: torch.Tensor, delta: torch.Tensor) -> None:
+        d = delta.reshape(-1)
+        self.norms[step] = d.abs().mean(dtype=torch.float32)
+        done = [i for i in range(step) if self.recorded[i]]
+        for a in range(0, len(done), self.rows_per_chunk):
+            idx = done[a:a + self.rows_per_chunk]
+            block = self.hist[idx[0]:idx[-1] + 1] if idx == list(range(idx[0], idx[-1] + 1)) else self.hist[idx]
+            block = block.to(self.device, non_blocking=True)
+            vals = (block - d).abs().mean(dim=1, dtype=torch.float32).double()
+            self.rows[step, idx] = vals
+            self.rows[idx, step] = vals
+        self.hist[step].copy_(d, non_blocking=True)
+        hf = h.reshape(-1)
+        if self.prev_h is not None:
+            self.rel_h[step] = (hf - self.prev_h).abs().mean(dtype=torch.float32) / \
+                self.prev_h.abs().mean(dtype=torch.float32).clamp_min(1e-12)
+            self.prev_h.copy_(hf)
+        else:
+            self.prev_h = hf.clone()
+        self.recorded[step] = True
+
+    def nbytes(self) -> int:
+        return self.hist.numel() * self.hist.element_size() + (0 if self.prev_h is None else
+                                                               self.prev_h.numel() * self.prev_h.element_size())
+
+
+class ProfileRecorder:
+    """Collects one sampling run (all branches) and turns it into a Profile sample at `finish()`.
+
+    The engine calls `record(step, branch, h, δ)` on the first evaluation of every computed step.
+    """
+
+    def __init__(self, times: Sequence[float], sigmas: Optional[Sequence[float]] = None, meta: Optional[dict] = None,
+                 history_device: Optional[str | torch.device] = None, chunk_elems: int = 1 << 25):
+        self.times = list(times)
+        self.sigmas = list(sigmas) if sigmas is not None else list(times)
+        self.n_steps = len(self.times)
+        self.meta = dict(meta or {})
+        self.history_device = torch.device(history_device) if history_device is not None else None
+        self.chunk_elems = chunk_elems
+        self.branches: dict[Hashable, _BranchHistory] = {}
+        self.peak_bytes = 0
+
+    def record(self, step: int, branch: Hashable, h: torch.Tensor, delta: torch.Tensor) -> None:
+        if not 0 <= step < self.n_steps:
+            raise GCacheError(f"Profile got step {step} but was set up for {self.n_steps} steps.")
+        b = self.branches.get(branch)
+        if b is None:
+            b = self.branches[branch] = _BranchHistory(self.n_steps, delta, self.history_device, self.chunk_elems)
+        elif tuple(delta.shape) != b.shape:
+            log.warning("GCache Profile: the residual shape of branch %r changed from %s to %s mid-run; "
+                        "restarting this branch's history.", branch, b.shape, tuple(delta.shape))
+            b = self.branches[branch] = _BranchHistory(self.n_steps, delta, self.history_device, self.chunk_elems)
+        if b.recorded[step]:
+            return  # extra evaluations of a multi-evaluation sampler step: the first one represents the step
+        b.add(step, h.detach(), delta.detach())
+        self.peak_bytes = max(self.peak_bytes, sum(x.nbytes() for x in self.branches.values()))
+
+    def finish(self) -> Profile:
+        """This run as a Profile (count = complete branches). Raises on NaN/Inf; frees the history."""
+        prof = Profile.empty(self.times, self.sigmas, self.meta)
+        prof.meta["runs"] = 1
+        try:
+            for key, b in self.branches.items():
+                if not all(b.recorded):
+                    missing = [i for i, r in enumerate(b.recorded) if not r]
+                    log.warning("GCache Profile: branch %r missed steps %s (interrupted run?); not added.", key, missing[:8])
+                    continue
+                rows = b.rows.cpu().numpy()
+                norms = b.norms.cpu().numpy()
+                relh = b.rel_h.cpu().numpy()
+                if not (np.all(np.isfinite(rows)) and np.all(np.isfinite(norms)) and np.all(np.isfinite(relh))):
+                    bad = int(np.argmax(~np.isfinite(norms))) if not np.all(np.isfinite(norms)) else \
+                        int(np.argmax(~np.isfinite(rows).all(axis=1)))
+                    raise GCacheError(
+                        f"The block-stack residual is NaN/Inf (first at step {bad}, branch {key!r}): the model "
+                        "itself produced non-finite values (precision, a broken LoRA, bad weights?). Nothing was added "
+                        "to the profile; fix the model run and profile again.")
+                rel = np.zeros(self.n_steps)
+                rel[1:] = np.diag(rows, 1) / np.maximum(norms[:-1], 1e-12)
+                prof.e_sum += rows
+                prof.delta_norm_sum += norms
+                prof.rel_delta_sum += rel
+                prof.rel_h_sum += relh
+                prof.count += 1
+        finally:
+            self.branches.clear()
+        return prof

@@ -1,0 +1,90 @@
+"""Everything the demo, the search command, the benchmarks and the tests do with the reference model:
+full-compute reference runs, runs under a mask, profiling, and an `evaluate(mask)` for the search.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from ..core.engine import CacheStats, ResidualCache
+from ..core.policy import Policy
+from ..core.profile import Profile, ProfileRecorder
+from .model import TinyDiT, load_model
+from .sampler import flow_sigmas, sample, to_unit
+
+
+def labels_for(seeds: Sequence[int]) -> list[int]:
+    """Each seed draws digit seed % 10, so any seed list covers the classes evenly."""
+    return [int(s) % 10 for s in seeds]
+
+
+class ReferenceHarness:
+    def __init__(self, n_steps: int = 30, cfg_scale: float = 3.0, shift: float = 2.0,
+                 model: Optional[TinyDiT] = None, device: str = "cpu"):
+        self.model = model if model is not None else load_model(device=device)
+        self.n_steps, self.cfg_scale, self.shift = n_steps, cfg_scale, shift
+        sig = flow_sigmas(n_steps, shift)
+        self.sigmas = sig[:-1].tolist()
+        self.times = self.sigmas  # flow matching: normalized time t = σ
+        self.sigmas_with_end = sig.tolist()
+        self._full_cache: dict[tuple, torch.Tensor] = {}
+
+    @property
+    def meta(self) -> dict:
+        return {"model": "gcache-reference-tiny-dit-digits", "family": "reference", "sampler": "euler",
+                "scheduler": f"flow_shift_{self.shift:g}", "steps": self.n_steps, "cfg": self.cfg_scale}
+
+    def run(self, seeds: Sequence[int], mask: Optional[Sequence[int]] = None, recorder=None,
+            cache_device=None) -> tuple[torch.Tensor, Optional[CacheStats]]:
+        """Images in [0, 1]. mask=None and no recorder: the model without GCache at all."""
+        if mask is None and recorder is None:
+            return to_unit(sample(self.model, labels_for(seeds), seeds, self.n_steps, self.cfg_scale, self.shift)), None
+        with ResidualCache(mask, cache_device=cache_device, recorder=recorder) as cache:
+            img = sample(self.model, labels_for(seeds), seeds, self.n_steps, self.cfg_scale, self.shift, cache=cache)
+        return to_unit(img), cache.stats
+
+    def full(self, seeds: Sequence[int]) -> torch.Tensor:
+        key = tuple(int(s) for s in seeds)
+        if key not in self._full_cache:
+            self._full_cache[key] = self.run(seeds)[0]
+        return self._full_cache[key]
+
+    def profile(self, seeds: Sequence[int], history_device=None) -> Profile:
+        """One full-compute run per seed batch; every CFG branch of every run is one sample of E."""
+        rec = ProfileRecorder(self.times, self.sigmas, self.meta, history_device=history_device)
+        images, _ = self.run(seeds, mask=None, recorder=rec)
+        self._full_cache.setdefault(tuple(int(s) for s in seeds), images)  # a profiled run is a full run
+        return rec.finish()
+
+    def evaluator(self, seeds: Sequence[int], objective: Callable[[torch.Tensor, torch.Tensor], float]):
+        """evaluate(mask) -> loss of sampling `seeds` under mask against their full-compute images."""
+        ref = self.full(seeds)
+
+        def evaluate(mask: Sequence[int]) -> float:
+            img, _ = self.run(seeds, mask=list(mask))
+            return float(objective(img, ref))
+        return evaluate
+
+    def io_share(self, repeats: int = 5) -> float:
+        """T_io / T: time of a step whose block stack is skipped over the time of a full step (medians)."""
+        model = self.model
+        x = torch.randn(2, model.cfg.channels, model.cfg.image_size, model.cfg.image_size)
+        s = torch.full((2,), 0.5)
+        y = torch.tensor([1, model.cfg.num_classes])
+        skip = lambda h, b, run: h  # noqa: E731  (f_in + f_out only)
+        full_t, io_t = [], []
+        with torch.no_grad():
+            for _ in range(2):
+                model(x, s, y), model(x, s, y, stack=skip)
+            for _ in range(repeats):
+                t0 = time.perf_counter(); model(x, s, y); t1 = time.perf_counter()
+                model(x, s, y, stack=skip); t2 = time.perf_counter()
+                full_t.append(t1 - t0); io_t.append(t2 - t1)
+        full_t.sort(); io_t.sort()
+        return min(1.0, io_t[len(io_t) // 2] / full_t[len(full_t) // 2])
+
+    def policy_from_mask(self, mask: Sequence[int], method: str, **prov) -> Policy:
+        return Policy(mask=list(mask), times=list(self.times), sigmas=list(self.sigmas), method=method,
+                      provenance=dict(prov, **self.meta))

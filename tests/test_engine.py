@@ -1,0 +1,172 @@
+"""Residual-reuse engine on the reference DiT: exactness, block counts, branches, resets, memory release."""
+import gc
+import logging
+
+import pytest
+import torch
+
+from gcache.core.engine import ResidualCache
+from gcache.core.errors import GCacheError
+from gcache.reference_model.sampler import sample
+
+SEEDS = [3, 4]
+LABELS = [3, 4]
+
+
+class CountingBlocks:
+    """Wraps the model's block stack to count how often it runs, per call."""
+
+    def __init__(self, model):
+        self.model, self.calls = model, 0
+        self.orig = model.run_blocks
+
+    def __enter__(self):
+        def counted(h, cond):
+            self.calls += 1
+            return self.orig(h, cond)
+        self.model.run_blocks = counted
+        return self
+
+    def __exit__(self, *exc):
+        del self.model.run_blocks  # back to the class method
+
+
+def test_all_ones_is_bit_identical(tiny_model):
+    plain = sample(tiny_model, LABELS, SEEDS, n_steps=8, cfg_scale=3.0)
+    with ResidualCache([1] * 8) as cache:
+        cached = sample(tiny_model, LABELS, SEEDS, n_steps=8, cfg_scale=3.0, cache=cache)
+    assert torch.equal(plain, cached)
+    assert cache.stats.skipped_steps == 0 and cache.stats.computed_steps == 8
+
+
+@pytest.mark.parametrize("cfg", [1.0, 3.0])
+def test_k_computed_steps_run_blocks_k_times_per_branch(tiny_model, cfg):
+    mask = [1, 0, 0, 1, 0, 1, 1, 0, 0, 0]
+    with CountingBlocks(tiny_model) as counter, ResidualCache(mask) as cache:
+        out = sample(tiny_model, LABELS, SEEDS, n_steps=10, cfg_scale=cfg, cache=cache)
+    assert counter.calls == sum(mask)  # CFG branches are batched: one stack call per computed step
+    expected = {"cond": 4, "uncond": 4} if cfg != 1.0 else {"cond": 4}
+    assert cache.stats.block_runs == expected
+    assert cache.stats.computed_steps == 4 and cache.stats.skipped_steps == 6
+    assert torch.isfinite(out).all()
+    plain = sample(tiny_model, LABELS, SEEDS, n_steps=10, cfg_scale=cfg)
+    assert not torch.equal(out, plain)  # skipping really changed something
+
+
+def test_skip_reuses_last_delta_exactly():
+    """z = h + δ of the last computed step, per branch."""
+    blocks = lambda h: h * 2 + 1  # noqa: E731  δ = h + 1
+    cache = ResidualCache([1, 0, 0])
+    h0 = torch.arange(8.0).reshape(2, 2, 2)
+    cache.set_step(0)
+    z0 = cache.run(h0, ["cond", "uncond"], blocks)
+    assert torch.equal(z0, blocks(h0))
+    h1 = torch.full((2, 2, 2), 10.0)
+    cache.set_step(1)
+    z1 = cache.run(h1, ["cond", "uncond"], lambda h: pytest.fail("blocks ran on a skipped step"))
+    assert torch.equal(z1, h1 + (h0 + 1))
+
+
+def test_cfg_branches_keep_separate_caches():
+    """Cond and uncond chunks get their own δ, also when they arrive in separate calls and swapped order."""
+    cache = ResidualCache([1, 0])
+    cache.set_step(0)
+    hc, hu = torch.zeros(1, 3, 2), torch.ones(1, 3, 2)
+    cache.run(hc, ["cond"], lambda h: h + 5)
+    cache.run(hu, ["uncond"], lambda h: h - 7)
+    cache.set_step(1)
+    both = cache.run(torch.cat([hu, hc]), ["uncond", "cond"], lambda h: pytest.fail("ran"))
+    assert torch.equal(both[0], hu[0] - 7) and torch.equal(both[1], hc[0] + 5)
+
+
+def test_resolution_change_resets_with_warning(caplog):
+    cache = ResidualCache([1, 0, 0])
+    cache.set_step(0)
+    cache.run(torch.zeros(2, 4, 3), ["c", "u"], lambda h: h + 1)
+    cache.set_step(1)
+    runs = []
+    with caplog.at_level(logging.WARNING, logger="gcache"):
+        out = cache.run(torch.zeros(2, 9, 3), ["c", "u"], lambda h: runs.append(1) or h + 2)
+    assert runs == [1] and torch.equal(out, torch.full((2, 9, 3), 2.0))  # computed, not crashed
+    assert "reset" in caplog.text and cache.stats.resets == 1
+    cache.set_step(2)
+    out = cache.run(torch.zeros(2, 9, 3), ["c", "u"], lambda h: pytest.fail("should reuse the new δ"))
+    assert torch.equal(out, torch.full((2, 9, 3), 2.0))
+
+
+def test_batch_size_change_resets(caplog):
+    cache = ResidualCache([1, 0])
+    cache.set_step(0)
+    cache.run(torch.zeros(2, 4, 3), ["c", "u"], lambda h: h + 1)
+    cache.set_step(1)
+    with caplog.at_level(logging.WARNING, logger="gcache"):
+        out = cache.run(torch.zeros(4, 4, 3), ["c", "u"], lambda h: h + 3)
+    assert torch.equal(out, torch.full((4, 4, 3), 3.0)) and cache.stats.resets == 1
+
+
+def test_policy_for_other_step_count_is_refused(tiny_model):
+    with ResidualCache([1, 0, 1]) as cache, pytest.raises(GCacheError, match="remap"):
+        sample(tiny_model, LABELS, SEEDS, n_steps=5, cache=cache)
+
+
+def test_bad_masks_are_refused():
+    for bad in ([0, 1, 1], [], [1, 2]):
+        with pytest.raises(GCacheError):
+            ResidualCache(bad)
+
+
+def test_nothing_held_after_run_and_after_exception(tiny_model):
+    mask = [1, 0, 1, 0, 0, 1]
+    with ResidualCache(mask) as cache:
+        sample(tiny_model, LABELS, SEEDS, n_steps=6, cache=cache)
+        assert cache.stats.bytes_held > 0
+    assert cache.held_tensors() == 0 and cache.stats.bytes_held == 0 and cache.stats.peak_bytes > 0
+
+    class Boom(RuntimeError):
+        pass
+
+    calls = {"n": 0}
+
+    def failing(h, cond):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise Boom("out of memory in block 3")
+        return type(tiny_model).run_blocks(tiny_model, h, cond)
+
+    tiny_model.run_blocks = failing
+    try:
+        with pytest.raises(Boom), ResidualCache(mask) as cache2:
+            sample(tiny_model, LABELS, SEEDS, n_steps=6, cache=cache2)
+    finally:
+        del tiny_model.run_blocks
+    assert cache2.closed and cache2.held_tensors() == 0 and cache2.stats.bytes_held == 0
+    gc.collect()
+
+
+def test_cpu_offload_gives_same_result(tiny_model):
+    mask = [1, 0, 1, 0, 0, 1, 0, 0]
+    with ResidualCache(mask) as a:
+        out_a = sample(tiny_model, LABELS, SEEDS, n_steps=8, cache=a)
+    with ResidualCache(mask, cache_device="cpu") as b:
+        out_b = sample(tiny_model, LABELS, SEEDS, n_steps=8, cache=b)
+    assert torch.equal(out_a, out_b)
+
+
+def test_delta_not_stored_between_computed_steps():
+    """All-ones needs no δ at all: the engine must not pay for a subtraction nobody reads."""
+    cache = ResidualCache([1, 1, 1])
+    for i in range(3):
+        cache.set_step(i)
+        cache.run(torch.ones(1, 2, 2), ["c"], lambda h: h * 3)
+    assert cache.stats.peak_bytes == 0
+
+
+def test_summary_reports_counts_and_speedup():
+    cache = ResidualCache([1, 0, 0, 1])
+    for i in range(4):
+        cache.set_step(i)
+        cache.run(torch.ones(1, 2, 2), ["c"], lambda h: h * 3)
+    cache.close()
+    line = cache.summary(io_share=0.1)
+    assert "computed 2/4 steps" in line and "skipped 2" in line and "predicted speed-up 1.82x" in line
+    assert cache.stats.measured_speedup(cache.mask) is not None

@@ -1,0 +1,148 @@
+"""Profile recording and the Profile artifact."""
+import numpy as np
+import pytest
+import torch
+
+from gcache.core.engine import ResidualCache
+from gcache.core.errors import GCacheError
+from gcache.core.profile import Profile, ProfileRecorder
+from gcache.reference_model.sampler import flow_sigmas, sample
+
+N = 7
+
+
+def times():
+    return flow_sigmas(N)[:-1].tolist()
+
+
+class SpyRecorder(ProfileRecorder):
+    """Keeps a copy of every recorded residual so E can be recomputed by brute force."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.seen = {}
+
+    def record(self, step, branch, h, delta):
+        self.seen.setdefault(branch, {}).setdefault(step, (h.clone(), delta.clone()))
+        super().record(step, branch, h, delta)
+
+
+def profile_run(model, seeds, cfg=3.0, recorder_cls=ProfileRecorder, **kw):
+    rec = recorder_cls(times(), meta={"model": "tiny"}, **kw)
+    with ResidualCache(None, recorder=rec) as cache:
+        sample(model, [s % 10 for s in seeds], seeds, n_steps=N, cfg_scale=cfg, cache=cache)
+    return rec
+
+
+def test_E_matches_brute_force_and_is_symmetric(tiny_model):
+    rec = profile_run(tiny_model, [1, 2], recorder_cls=SpyRecorder)
+    seen = rec.seen
+    prof = rec.finish()
+    assert prof.count == 2  # cond + uncond branches
+    E = prof.E
+    assert np.allclose(E, E.T) and np.all(np.diag(E) == 0)
+    brute = np.zeros((N, N))
+    norms, rel_h, rel_d = np.zeros(N), np.zeros(N), np.zeros(N)
+    for branch in seen.values():
+        for i in range(N):
+            norms[i] += branch[i][1].abs().mean().item()
+            if i:
+                hp, dp = branch[i - 1]
+                rel_h[i] += ((branch[i][0] - hp).abs().mean() / hp.abs().mean()).item()
+                rel_d[i] += ((branch[i][1] - dp).abs().mean() / dp.abs().mean()).item()
+            for j in range(N):
+                brute[i, j] += (branch[i][1] - branch[j][1]).abs().double().mean().item()
+    assert np.allclose(E, brute / 2, rtol=1e-5, atol=1e-7)
+    assert np.allclose(prof.delta_norm, norms / 2, rtol=1e-5)
+    assert np.allclose(prof.rel_h, rel_h / 2, rtol=1e-4)
+    assert np.allclose(prof.rel_delta, rel_d / 2, rtol=1e-4)
+
+
+def test_merge_equals_profiling_both_runs_together(tiny_model):
+    a = profile_run(tiny_model, [5]).finish()
+    b = profile_run(tiny_model, [6]).finish()
+    both = profile_run(tiny_model, [5, 6]).finish()  # one batch: each branch's mean covers both images
+    merged = a.merge(b)
+    assert merged.count == a.count + b.count and merged.meta["runs"] == 2
+    assert np.allclose(merged.e_sum, a.e_sum + b.e_sum)
+    assert np.allclose(merged.E, both.E, rtol=1e-4, atol=1e-6)
+    assert np.allclose(merged.delta_norm, both.delta_norm, rtol=1e-4)
+
+
+def test_cpu_history_gives_same_E(tiny_model):
+    a = profile_run(tiny_model, [9]).finish()
+    b = profile_run(tiny_model, [9], history_device="cpu", chunk_elems=1).finish()  # row by row, streamed
+    assert np.allclose(a.E, b.E, rtol=1e-6, atol=1e-9)
+
+
+def test_recorder_memory_model(tiny_model):
+    rec = profile_run(tiny_model, [1], cfg=1.0)
+    tokens, width = tiny_model.tokens, tiny_model.cfg.width
+    per_residual = tokens * width * 4  # fp32, batch 1
+    assert rec.peak_bytes == N * per_residual + per_residual  # history + one previous h
+    rec.finish()
+    assert rec.branches == {}
+
+
+def test_round_trip(tmp_path, tiny_model):
+    p = profile_run(tiny_model, [1]).finish()
+    path = str(tmp_path / "p.safetensors")
+    p.save(path)
+    q = Profile.load(path)
+    assert q.n_steps == N and q.count == p.count and q.meta == p.meta
+    for k in ("e_sum", "delta_norm_sum", "rel_delta_sum", "rel_h_sum", "times", "sigmas"):
+        assert np.array_equal(getattr(p, k), getattr(q, k))
+
+
+def test_nan_residuals_raise_and_keep_saved_profile(tmp_path):
+    path = tmp_path / "p.safetensors"
+    rec = ProfileRecorder([1.0, 0.5, 0.25])
+    for i in range(3):
+        rec.record(i, "c", torch.ones(1, 4, 2), torch.ones(1, 4, 2) * i)
+    rec.finish().save(str(path))
+    before = path.read_bytes()
+    rec = ProfileRecorder([1.0, 0.5, 0.25])
+    for i in range(3):
+        d = torch.ones(1, 4, 2)
+        if i == 1:
+            d[0, 0, 0] = float("nan")
+        rec.record(i, "c", torch.ones(1, 4, 2), d)
+    with pytest.raises(GCacheError, match="NaN/Inf .*step 1"):
+        rec.finish()
+    assert path.read_bytes() == before and Profile.load(str(path)).count == 1
+
+
+def test_incomplete_run_adds_nothing():
+    rec = ProfileRecorder([1.0, 0.5, 0.25])
+    rec.record(0, "c", torch.ones(1, 2, 2), torch.ones(1, 2, 2))
+    assert rec.finish().count == 0
+
+
+def test_corrupt_foreign_and_versioned_files(tmp_path):
+    rec = ProfileRecorder([1.0, 0.5])
+    for i in range(2):
+        rec.record(i, "c", torch.ones(1, 2, 2), torch.full((1, 2, 2), float(i)))
+    p = rec.finish()
+    good = p.to_bytes()
+    with pytest.raises(GCacheError, match="truncated or damaged"):
+        Profile.from_bytes(good[: len(good) // 2])
+    with pytest.raises(GCacheError, match="truncated or damaged"):
+        Profile.from_bytes(b"not a file at all")
+    from safetensors.torch import save
+    with pytest.raises(GCacheError, match="not a GCache profile"):
+        Profile.from_bytes(save({"w": torch.zeros(2)}, metadata={"format": "lora"}))
+    data = p.to_bytes().replace(b'"version":"1"', b'"version":"7"')
+    with pytest.raises(GCacheError, match="version '7'"):
+        Profile.from_bytes(data)
+
+
+def test_merge_refuses_other_step_count_schedule_or_model():
+    a = Profile.empty([1.0, 0.5, 0.2], meta={"model": "flux"})
+    with pytest.raises(GCacheError, match="3 and 4 steps"):
+        a.merge(Profile.empty([1.0, 0.7, 0.5, 0.2]))
+    with pytest.raises(GCacheError, match="different schedules"):
+        a.merge(Profile.empty([1.0, 0.6, 0.2]))
+    with pytest.raises(GCacheError, match="model 'wan'"):
+        a.merge(Profile.empty([1.0, 0.5, 0.2], meta={"model": "wan"}))
+    with pytest.raises(GCacheError, match="no complete run"):
+        _ = a.E
