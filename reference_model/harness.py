@@ -67,12 +67,14 @@ class ReferenceHarness:
             return float(objective(img, ref))
         return evaluate
 
-    def io_share(self, repeats: int = 5) -> float:
-        """T_io / T: time of a step whose block stack is skipped over the time of a full step (medians)."""
+    def io_share(self, n_images: int = 1, repeats: int = 5) -> float:
+        """T_io / T for a batch of n_images (CFG doubles it): a step whose block stack is skipped over a full
+        step, medians of interleaved timings."""
         model = self.model
-        x = torch.randn(2, model.cfg.channels, model.cfg.image_size, model.cfg.image_size)
-        s = torch.full((2,), 0.5)
-        y = torch.tensor([1, model.cfg.num_classes])
+        b = n_images * (2 if self.cfg_scale != 1.0 else 1)
+        x = torch.randn(b, model.cfg.channels, model.cfg.image_size, model.cfg.image_size)
+        s = torch.full((b,), 0.5)
+        y = torch.full((b,), 1, dtype=torch.long)
         skip = lambda h, b, run: h  # noqa: E731  (f_in + f_out only)
         full_t, io_t = [], []
         with torch.no_grad():

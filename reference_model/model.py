@@ -138,7 +138,7 @@ def load_model(path: str = WEIGHTS, device: str | torch.device = "cpu", dtype=to
     from safetensors import safe_open
     from safetensors.torch import load_file
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"Reference weights missing at {path}: run `python -m reference_model.train`.")
+        raise FileNotFoundError(f"Reference weights missing at {path}: run `python -m gcache.reference_model.train`.")
     with safe_open(path, "pt") as f:
         cfg = TinyDiTConfig(**json.loads(f.metadata()["config"]))
     model = TinyDiT(cfg)

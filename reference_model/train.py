@@ -3,20 +3,23 @@
 Rectified flow / flow matching: x_t = (1 − t)·x + t·n, target velocity n − x, t ~ logit-normal (as SD3),
 10 % label dropout for classifier-free guidance, AdamW, EMA of the weights. Saves fp16 safetensors.
 
-    python -m reference_model.train --minutes 12
+    python -m gcache.reference_model.train --minutes 14 --batch 64
 """
 from __future__ import annotations
 
 import argparse
 import copy
 import math
+import os
 import time
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .model import WEIGHTS, TinyDiT, TinyDiTConfig, save_model
+from .model import HERE, WEIGHTS, TinyDiT, TinyDiTConfig, save_model
+
+SAMPLES = os.path.join(HERE, "samples.png")
 
 
 def digits_16() -> tuple[torch.Tensor, torch.Tensor]:
@@ -28,6 +31,16 @@ def digits_16() -> tuple[torch.Tensor, torch.Tensor]:
     return x * 2 - 1, torch.tensor(d.target, dtype=torch.long)
 
 
+def write_sample_grid(path: str = SAMPLES) -> None:
+    """README's picture: digits 0-9 (columns) for three seeds (rows), 30 Euler steps, CFG 3."""
+    from .demo import save_grid
+    from .model import load_model
+    from .sampler import sample, to_unit
+    model = load_model()
+    rows = [to_unit(sample(model, list(range(10)), [100 * r + c for c in range(10)], 30, 3.0)) for r in range(3)]
+    save_grid(rows, path)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--minutes", type=float, default=12.0, help="wall-clock budget")
@@ -37,11 +50,21 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=WEIGHTS)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--init", default=None, help="continue from these weights (the EMA restarts from them)")
+    ap.add_argument("--samples-only", action="store_true", help="only redraw samples.png from the saved weights")
     a = ap.parse_args(argv)
+    if a.samples_only:
+        write_sample_grid()
+        return
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     x_all, y_all = digits_16()
     model = TinyDiT(TinyDiTConfig())
+    prior = {"train_steps": 0, "train_seconds": 0.0}
+    if a.init:
+        from .model import load_model, load_training_info
+        model = load_model(a.init).train()
+        prior = {k: float(v) for k, v in load_training_info(a.init).items() if k in prior}
     ema = copy.deepcopy(model).eval()
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.0)
     n_params = sum(p.numel() for p in model.parameters())
@@ -73,8 +96,11 @@ def main(argv=None):
         if step % 250 == 0:
             print(f"step {step}  loss {np.mean(losses[-250:]):.4f}  {time.time() - start:.0f}s", flush=True)
     secs = time.time() - start
-    save_model(ema, a.out, extra={"train_steps": step, "train_seconds": round(secs, 1), "batch": a.batch,
+    save_model(ema, a.out, extra={"train_steps": int(prior["train_steps"]) + step,
+                                  "train_seconds": round(prior["train_seconds"] + secs, 1), "batch": a.batch,
                                   "final_loss": round(float(np.mean(losses[-250:])), 4), "data": "sklearn digits"})
+    if a.out == WEIGHTS:
+        write_sample_grid()
     print(f"saved {a.out}: {step} steps in {secs:.0f}s, final loss {np.mean(losses[-250:]):.4f}", flush=True)
 
 
