@@ -187,8 +187,12 @@ class Policy:
     def load(cls, path: str) -> "Policy":
         if not os.path.isfile(path):
             raise GCacheError(f"No policy file at {path}.")
-        with open(path, "r", encoding="utf-8") as f:
-            text = f.read()
+        try:
+            with open(path, "r", encoding="utf-8") as f:
+                text = f.read()
+        except UnicodeDecodeError:
+            raise GCacheError(f"{os.path.basename(path)} is not a text file, so not a GCache policy (JSON). "
+                              "Choose the policy's .json file.") from None
         return cls.from_json(text, source=os.path.basename(path))
 
 

@@ -115,3 +115,10 @@ def test_unsafe_names_are_refused(name):
 
 def test_safe_names_pass():
     assert safe_name("flux dev_30-steps.v2") == "flux dev_30-steps.v2"
+
+
+def test_binary_file_is_refused(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe\x00")
+    with pytest.raises(GCacheError, match="not a text file"):
+        Policy.load(str(path))

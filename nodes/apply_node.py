@@ -1,0 +1,44 @@
+"""GCache Apply: a MODEL clone that skips the block stack on the policy's reuse steps."""
+from __future__ import annotations
+
+from comfy_api.latest import io
+
+from ..core.errors import GCacheError
+from . import comfy_common as cc
+from . import files, hooks
+
+
+class GCacheApply(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="GCacheApply", display_name="GCache Apply", category=cc.CATEGORY,
+            description="Skip the transformer block stack on the steps a GCache policy marks 0 and reuse the "
+                        "cached residual of the last computed step. Logs computed/skipped steps and speed-ups.",
+            inputs=[
+                io.Model.Input("model", tooltip="The diffusion model to accelerate (Flux, Wan, HunyuanVideo, …)."),
+                io.Combo.Input("policy_file", options=cc.policy_choices(),
+                               tooltip="A saved policy from models/gcache/ (made by GCache Search). Ignored when a "
+                                       "policy is connected."),
+                io.Combo.Input("cache_device", options=["model device", "cpu"], default="model device",
+                               tooltip="Where cached residuals live: the model's device (fastest) or CPU (saves "
+                                       "GPU memory, costs a copy per skipped step)."),
+                io.Combo.Input("step_mismatch", options=["remap", "error"], default="remap",
+                               tooltip="When the sampler runs another step count than the policy was made for: "
+                                       "remap the policy by normalized time, or stop with an error."),
+                cc.GCachePolicy.Input("policy", optional=True,
+                                      tooltip="A policy from GCache Search; overrides policy_file."),
+            ],
+            outputs=[io.Model.Output(tooltip="The model with GCache; connect it to your sampler.")],
+        )
+
+    @classmethod
+    def execute(cls, model, policy_file, cache_device, step_mismatch, policy=None) -> io.NodeOutput:
+        if policy is None:
+            if policy_file == cc.NO_FILE:
+                raise GCacheError("No policy: connect GCache Search's policy output, or pick a policy file from "
+                                  "models/gcache/ (run GCache Search once to make one).")
+            policy = files.read_policy(cc.find_file(policy_file))
+        holder = hooks.make_holder(model, "apply", policy=policy, on_mismatch=step_mismatch,
+                                   cache_device="cpu" if cache_device == "cpu" else None)
+        return io.NodeOutput(hooks.patch_model(model, holder))

@@ -1,0 +1,61 @@
+"""What the GCache nodes share inside ComfyUI: the category, custom types, the models/gcache folder."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+import folder_paths
+from comfy_api.latest import io
+
+from ..core.errors import GCacheError
+from . import files
+
+CATEGORY = "GCache"
+GCachePolicy = io.Custom("GCACHE_POLICY")
+GCacheProfile = io.Custom("GCACHE_PROFILE")
+FOLDER = "gcache"
+NO_FILE = "(none)"
+
+
+def register_folder() -> None:
+    """models/gcache/ (more folders via extra_model_paths.yaml, key `gcache`)."""
+    if FOLDER not in folder_paths.folder_names_and_paths:
+        folder_paths.folder_names_and_paths[FOLDER] = ([os.path.join(folder_paths.models_dir, FOLDER)],
+                                                       {".json", ".safetensors"})
+
+
+def folder() -> str:
+    """Where GCache writes: the first models/gcache folder (created on demand)."""
+    register_folder()
+    path = folder_paths.get_folder_paths(FOLDER)[0]
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def all_files() -> list[str]:
+    register_folder()
+    return list(folder_paths.get_filename_list(FOLDER))
+
+
+def find_file(name: str) -> str:
+    """A file from the gcache folders' list; refused if it is not one of them."""
+    register_folder()
+    if name not in all_files():
+        raise GCacheError(f"{name!r} is not in models/gcache: refresh the node list (press R) and pick a file.")
+    return folder_paths.get_full_path_or_raise(FOLDER, name)
+
+
+def policy_choices() -> list[str]:
+    return files.list_policies(all_files()) or [NO_FILE]
+
+
+def profile_choices() -> list[str]:
+    return files.list_profiles(all_files()) or [NO_FILE]
+
+
+def pil_to_image(img) -> torch.Tensor:
+    """PIL image → ComfyUI IMAGE [1, H, W, 3] float in [0, 1]."""
+    arr = np.asarray(img.convert("RGB"), dtype=np.float32) / 255.0
+    return torch.from_numpy(arr)[None]

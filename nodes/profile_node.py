@@ -1,0 +1,68 @@
+"""GCache Profile (record during normal sampling) and GCache Load Profile (look at one)."""
+from __future__ import annotations
+
+import os
+
+from comfy_api.latest import io
+
+from ..core.profile import Profile
+from ..search.plots import plot_profile
+from . import comfy_common as cc
+from . import files, hooks
+
+
+class GCacheProfile(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="GCacheProfile", display_name="GCache Profile", category=cc.CATEGORY,
+            description="Records the block-stack residuals of every full sampling run of this model and adds them "
+                        "to models/gcache/<name>.profile.safetensors (runs again on every queue).",
+            inputs=[
+                io.Model.Input("model", tooltip="The model to profile; sampling itself is unchanged."),
+                io.String.Input("profile_name", default="my_model",
+                                tooltip="File name of the accumulated profile (letters, digits, '.', '_', '-'). Use "
+                                        "one name per model, step count and scheduler."),
+                io.Combo.Input("history_device", options=["model device", "cpu"], default="model device",
+                               tooltip="Where the run's residual history (steps × latent tokens) is kept while "
+                                       "sampling: CPU saves GPU memory on long videos."),
+            ],
+            outputs=[io.Model.Output(tooltip="Connect to your sampler; every finished run is added to the profile.")],
+        )
+
+    @classmethod
+    def fingerprint_inputs(cls, **kwargs):
+        return float("nan")  # never served from ComfyUI's cache: each queue must sample (and record) again
+
+    @classmethod
+    def execute(cls, model, profile_name, history_device) -> io.NodeOutput:
+        path = files.profile_path(cc.folder(), profile_name)
+        holder = hooks.make_holder(model, "profile", profile_path=path,
+                                   history_device="cpu" if history_device == "cpu" else None)
+        return io.NodeOutput(hooks.patch_model(model, holder))
+
+
+class GCacheLoadProfile(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="GCacheLoadProfile", display_name="GCache Load Profile", category=cc.CATEGORY,
+            description="Loads a saved profile for GCache Search and draws it: the E heatmap and the local "
+                        "indicators per step.",
+            inputs=[io.Combo.Input("profile", options=cc.profile_choices(),
+                                   tooltip="A profile recorded by GCache Profile (models/gcache/*.profile.safetensors).")],
+            outputs=[cc.GCacheProfile.Output(tooltip="The profile, for GCache Search."),
+                     io.Image.Output(tooltip="E heatmap and local indicators (rel-L1 of δ and h, ‖δ‖) per step.")],
+        )
+
+    @classmethod
+    def fingerprint_inputs(cls, profile):
+        try:
+            return os.path.getmtime(files.profile_path(cc.folder(), profile))
+        except (OSError, ValueError):
+            return profile
+
+    @classmethod
+    def execute(cls, profile) -> io.NodeOutput:
+        prof = Profile.load(cc.find_file(profile + files.PROFILE_SUFFIX))
+        return io.NodeOutput(prof, cc.pil_to_image(plot_profile(prof)))

@@ -1,0 +1,160 @@
+"""Step attribution: which sampler step a model call belongs to, and where a run sits in its schedule.
+
+One function for GCache Apply and GCache Profile (DESIGN §3 "Steps"). No ComfyUI import: sigmas arrive as
+plain floats, the model's sigma → normalized-time map and its candidate schedules arrive as callables.
+
+Within a run. Samplers report the end of step i through their callback (k-diffusion calls it once per step
+with x["i"]). A call after the callback of step i − 1 belongs to step i, except a call whose sigma lies
+strictly inside (σ_i, σ_{i−1}): that is an intermediate evaluation of step i − 1 made after its callback
+(dpm_2's midpoint, dpmpp_2s_ancestral's half step). Heun-type correctors evaluate the model exactly at σ_{i+1},
+the time point of step i + 1, and count as step i + 1. CFG's cond/uncond calls share the step of their
+evaluation. A sampler that never calls back falls back to the sigma interval of the call.
+
+Across runs. KSamplerAdvanced (Wan 2.2's two experts) hands each sampler a slice of one schedule; steps are
+global: the run's sigmas are located in the full schedule (the policy's own sigmas first, else the model's
+standard schedules), and step = offset + local step.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Optional, Sequence
+
+from ..core.errors import GCacheError
+from ..core.policy import Policy
+
+log = logging.getLogger("gcache")
+
+REL_TOL = 1e-4  # sigmas travel as float32 tensors; compare them relative to the schedule's scale
+
+
+def _close(a: float, b: float, scale: float) -> bool:
+    return abs(a - b) <= REL_TOL * max(scale, 1e-8)
+
+
+def locate(run: Sequence[float], full: Sequence[float]) -> Optional[int]:
+    """Offset of `run` (n + 1 sigmas incl. its end) inside `full` (N + 1 sigmas), or None.
+
+    The run's last sigma may be 0 where the full schedule continues (KSamplerAdvanced force_full_denoise).
+    """
+    run, full = [float(v) for v in run], [float(v) for v in full]
+    n = len(run) - 1
+    if n < 1 or len(full) < len(run):
+        return None
+    scale = max(abs(v) for v in full)
+    for off in range(len(full) - n):
+        seg = full[off:off + n + 1]
+        if all(_close(a, b, scale) for a, b in zip(run[:-1], seg[:-1])) and \
+                (_close(run[-1], seg[-1], scale) or run[-1] == 0.0):
+            return off
+    return None
+
+
+@dataclass
+class Schedule:
+    """Where one sampling run sits: its global step offset inside a full schedule of n_global steps."""
+    sigmas: list[float]           # the full schedule, N + 1 values (end included)
+    offset: int                   # global index of the run's first step
+    n_run: int                    # steps of this run
+    source: str                   # "policy", "model:<scheduler>" or "run" (run's own sigmas)
+
+    @property
+    def n_global(self) -> int:
+        return len(self.sigmas) - 1
+
+    @property
+    def is_slice(self) -> bool:
+        return self.offset > 0 or self.offset + self.n_run < self.n_global
+
+
+def find_schedule(run_sigmas: Sequence[float], policy_sigmas: Optional[Sequence[float]] = None,
+                  candidates: Iterable[tuple[str, Sequence[float]]] = ()) -> Schedule:
+    """Locate a run in the policy's schedule, else in the model's standard schedules, else itself.
+
+    `policy_sigmas` are the N step sigmas of a policy (no end value); `candidates` yields (name, N + 1 sigmas)
+    of full schedules, shortest first. A run that is a full schedule in itself is taken as is.
+    """
+    run = [float(v) for v in run_sigmas]
+    n = len(run) - 1
+    if n < 1:
+        raise GCacheError("The sampler got fewer than two sigmas: there is no step to run.")
+    if policy_sigmas:
+        full = [float(v) for v in policy_sigmas] + [0.0]
+        off = locate(run, full)
+        if off is not None:
+            return Schedule(full, off, n, "policy")
+    for name, full in candidates:
+        full = [float(v) for v in full]
+        if len(full) == len(run) and locate(run, full) == 0:
+            return Schedule(full, 0, n, f"model:{name}")  # a full run of a standard schedule
+        if len(full) > len(run):
+            off = locate(run, full)
+            if off is not None:
+                return Schedule(full, off, n, f"model:{name}")
+    return Schedule(run, 0, n, "run")
+
+
+class StepTracker:
+    """Maps each model call of one run to its global sampler step (see module docstring)."""
+
+    def __init__(self, run_sigmas: Sequence[float], offset: int = 0):
+        self.sigmas = [float(v) for v in run_sigmas]
+        self.n = len(self.sigmas) - 1
+        self.offset = offset
+        self.done = 0            # steps the sampler has reported finished (callbacks)
+        self.saw_callback = False
+        self.scale = max(abs(v) for v in self.sigmas) if self.sigmas else 1.0
+
+    def completed(self, i: int) -> None:
+        """The sampler's callback for local step i."""
+        self.saw_callback = True
+        self.done = max(self.done, int(i) + 1)
+
+    def interval(self, sigma: float) -> int:
+        """Local step whose interval σ_i ≥ sigma > σ_{i+1} holds sigma (above σ_0 → 0, at the end → last)."""
+        for i in range(self.n):
+            if sigma > self.sigmas[i + 1] and not _close(sigma, self.sigmas[i + 1], self.scale):
+                return i
+        return self.n - 1
+
+    def local_step(self, sigma: float) -> int:
+        sigma = float(sigma)
+        if not self.saw_callback:
+            return min(self.interval(sigma), self.n - 1)
+        i = min(self.done, self.n - 1)
+        if i > 0 and self.sigmas[i] < sigma < self.sigmas[i - 1] and \
+                not _close(sigma, self.sigmas[i], self.scale) and not _close(sigma, self.sigmas[i - 1], self.scale):
+            return i - 1
+        return i
+
+    def step(self, sigma: float) -> int:
+        return self.offset + self.local_step(sigma)
+
+
+def normalized_times(sigmas: Sequence[float], to_t: Callable[[float], float]) -> list[float]:
+    """t in [0, 1] of each sigma via the model's own map (t = σ for flow models, timestep/999 for ε models)."""
+    return [min(1.0, max(0.0, float(to_t(float(s))))) for s in sigmas]
+
+
+@dataclass
+class Placement:
+    mask: list[int]      # over the global schedule's steps
+    note: str = ""       # what was done to fit the policy (remap), for the log line
+    provenance: dict = field(default_factory=dict)
+
+
+def place_policy(policy: Policy, schedule: Schedule, times: Sequence[float], on_mismatch: str = "remap") -> Placement:
+    """The mask this run uses over the global steps of `schedule` (times: its N step times).
+
+    Same step count → the policy as is. Otherwise remap by normalized time, or refuse (on_mismatch="error").
+    """
+    n = schedule.n_global
+    if policy.n_steps == n:
+        return Placement(list(policy.mask))
+    msg = (f"The policy was made for {policy.n_steps} sampler steps but this sampler runs {n}"
+           f"{' (a slice of a longer schedule)' if schedule.is_slice else ''}.")
+    if on_mismatch != "remap":
+        raise GCacheError(msg + " Set the sampler to the policy's step count, set 'step mismatch' to 'remap' "
+                                "(matches steps by normalized time), or search a policy for this step count.")
+    remapped = policy.remap(n, list(times))
+    return Placement(list(remapped.mask), note=f"remapped {policy.n_steps}→{n} steps by normalized time")

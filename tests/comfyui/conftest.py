@@ -1,0 +1,21 @@
+"""Real-ComfyUI suite: runs only when COMFYUI_PATH points to a ComfyUI checkout."""
+import os
+import sys
+
+import pytest
+
+COMFY = os.environ.get("COMFYUI_PATH")
+REASON = ("COMFYUI_PATH is not set: the real-ComfyUI suite needs a ComfyUI checkout "
+          "(COMFYUI_PATH=/path/to/ComfyUI pytest tests/comfyui); see README").strip()
+collect_ignore = ["gcache_test_pack", "tiny_models.py"]
+
+if COMFY:
+    if not os.path.isfile(os.path.join(COMFY, "comfy", "model_patcher.py")):
+        raise pytest.UsageError(f"COMFYUI_PATH={COMFY} is not a ComfyUI checkout (no comfy/model_patcher.py).")
+    sys.path.insert(0, COMFY)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import torch
+
+    import comfy.cli_args
+
+    comfy.cli_args.args.cpu = not torch.cuda.is_available()  # before comfy.model_management picks a device

@@ -1,0 +1,191 @@
+"""GCache inside real ComfyUI code (in-process): every family we can build as a tiny random-weight model.
+
+Families built here: Flux and Lumina2 (from their classes; Lumina2 exercises the object-patch route), Wan 2.1
+and HunyuanVideo (tiny safetensors through comfy.sd.load_diffusion_model, the stock UNETLoader path). Others
+are covered headlessly by tests/test_nodes_adapters.py (fake block loops with the families' argument dicts).
+"""
+
+import pytest
+
+from conftest import COMFY, REASON
+
+if not COMFY:
+    pytest.skip(REASON, allow_module_level=True)
+
+import torch  # noqa: E402
+
+import comfy.model_management  # noqa: E402
+import folder_paths  # noqa: E402
+import nodes as comfy_nodes  # noqa: E402
+import tiny_models as tm  # noqa: E402
+
+from gcache.core.errors import GCacheError  # noqa: E402
+from gcache.core.policy import Policy  # noqa: E402
+from gcache.nodes import hooks, search_node  # noqa: E402
+from gcache.nodes.apply_node import GCacheApply  # noqa: E402
+from gcache.nodes.search_node import GCacheSearch  # noqa: E402
+
+FAMILIES = ["flux", "wan", "hunyuan_video", "lumina2"]
+# a module that runs only when the first block really computes (object-patched blocks are still called)
+FIRST_BLOCK = {"flux": "double_blocks.0", "wan": "blocks.0", "hunyuan_video": "double_blocks.0",
+               "lumina2": "layers.0.attention"}
+N = 6
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("unets"))
+    out = {"flux": tm.flux(), "wan": tm.wan(d), "hunyuan_video": tm.hunyuan_video(d), "lumina2": tm.lumina2()}
+    return out
+
+
+@pytest.fixture()
+def gcache_dir(tmp_path):
+    old = folder_paths.folder_names_and_paths.get("gcache")
+    folder_paths.folder_names_and_paths["gcache"] = ([str(tmp_path)], {".json", ".safetensors"})
+    yield tmp_path
+    if old is None:
+        folder_paths.folder_names_and_paths.pop("gcache", None)
+    else:
+        folder_paths.folder_names_and_paths["gcache"] = old
+
+
+def ksample(model, pos, neg, lat, steps=N, cfg=1.0, sampler="euler", seed=0, **kw):
+    return comfy_nodes.common_ksampler(model, seed, steps, cfg, sampler, "simple", pos, neg, {"samples": lat},
+                                       **kw)[0]["samples"]
+
+
+class BlockCounter:
+    """Counts forward calls of the first block of the stack (and the batch each saw)."""
+
+    def __init__(self, model, family):
+        block = model.get_model_object("diffusion_model").get_submodule(FIRST_BLOCK[family])
+        self.batches = []
+        self.h = block.register_forward_pre_hook(lambda m, a, kw: self.batches.append(
+            (a[0] if a else next(iter(kw.values()))).shape[0]), with_kwargs=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *e):
+        self.h.remove()
+
+
+def apply(model, mask, **kw):
+    return hooks.patch_model(model, hooks.make_holder(model, "apply", policy=Policy(list(mask)), **kw))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("sampler", ["euler", "heun"])
+@pytest.mark.parametrize("cfg", [1.0, 3.0])
+def test_all_ones_is_bit_identical(built, family, sampler, cfg):
+    m, pos, neg, lat = built[family]
+    plain = ksample(m, pos, neg, lat, cfg=cfg, sampler=sampler)
+    fast = ksample(apply(m, [1] * N), pos, neg, lat, cfg=cfg, sampler=sampler)
+    assert torch.equal(plain, fast)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("cfg", [1.0, 3.0])
+def test_k_of_n_runs_the_stack_k_times_per_branch(built, family, cfg):
+    m, pos, neg, lat = built[family]
+    mask = [1, 0, 0, 1, 0, 1]
+    plain = ksample(m, pos, neg, lat, cfg=cfg)
+    with BlockCounter(m, family) as c:
+        out = ksample(apply(m, mask), pos, neg, lat, cfg=cfg)
+    branches = 1 if cfg == 1.0 else 2
+    assert sum(c.batches) == sum(mask) * branches * lat.shape[0]   # K runs per branch (batched or not)
+    assert torch.isfinite(out).all() and not torch.equal(out, plain)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_heun_skips_whole_steps(built, family):
+    m, pos, neg, lat = built[family]
+    with BlockCounter(m, family) as full:
+        ksample(m, pos, neg, lat, sampler="heun")
+    with BlockCounter(m, family) as c:
+        out = ksample(apply(m, [1, 0, 1, 0, 1, 0]), pos, neg, lat, sampler="heun")
+    assert 0 < len(c.batches) < len(full.batches) and torch.isfinite(out).all()
+
+
+def test_split_schedule_steps_are_global(built):
+    """Wan 2.2 style: two experts, KSamplerAdvanced start/end over one 6-step schedule, one policy."""
+    hi, pos, neg, lat = built["wan"]
+    lo = built["wan"][0].clone()  # a second model object (own clone, own patches)
+
+    def split(m_hi, m_lo):
+        a = ksample(m_hi, pos, neg, lat, start_step=0, last_step=3, force_full_denoise=False)
+        return ksample(m_lo, pos, neg, a, start_step=3, last_step=N, disable_noise=True)
+
+    plain = split(hi, lo)
+    assert torch.equal(plain, split(apply(hi, [1] * N), apply(lo, [1] * N)))
+    mask = [1, 0, 1, 0, 0, 1]
+    pol = Policy(mask, sigmas=None)
+    with BlockCounter(hi, "wan") as c:  # both clones share the diffusion model: counts both experts
+        split(apply(hi, pol.mask), apply(lo, pol.mask))
+    # first expert: steps 0-2 → computes 0, 2; second: steps 3-5, step 3 forced (no residual yet), then 5
+    assert len(c.batches) == 2 + 2
+
+
+def test_other_step_count_remaps_or_refuses(built):
+    m, pos, neg, lat = built["flux"]
+    with BlockCounter(m, "flux") as c:
+        ksample(apply(m, [1, 0, 1, 0, 1, 0]), pos, neg, lat, steps=12)
+    assert len(c.batches) == 6
+    with pytest.raises(GCacheError, match="made for 6 sampler steps"):
+        ksample(apply(m, [1, 0, 1, 0, 1, 0], on_mismatch="error"), pos, neg, lat, steps=12)
+
+
+def test_two_patched_models_share_nothing(built):
+    m, pos, neg, lat = built["flux"]
+    a, b = apply(m, [1, 0, 0, 0, 0, 0]), apply(m, [1, 1, 1, 1, 1, 0])
+    ta = a.model_options["transformer_options"]["gcache"].token
+    assert ta != b.model_options["transformer_options"]["gcache"].token
+    with BlockCounter(m, "flux") as c:
+        ksample(a, pos, neg, lat)
+        ksample(b, pos, neg, lat)
+        ksample(m, pos, neg, lat)
+    assert len(c.batches) == 1 + 5 + N
+    assert not hasattr(m.get_model_object("diffusion_model"), "gcache")
+
+
+def test_apply_node_with_saved_policy_file(built, gcache_dir):
+    m, pos, neg, lat = built["flux"]
+    Policy([1, 0, 1, 0, 1, 0]).save(str(gcache_dir / "p.json"))
+    folder_paths.filename_list_cache.clear()
+    model = GCacheApply.execute(m, "p.json", "cpu", "remap").result[0]
+    with BlockCounter(m, "flux") as c:
+        ksample(model, pos, neg, lat)
+    assert len(c.batches) == 3
+    with pytest.raises(GCacheError):
+        GCacheApply.execute(m, "../p.json", "cpu", "remap")
+
+
+def test_search_finishes_tiny_budget_and_resumes_after_interrupt(built, gcache_dir, monkeypatch):
+    from gcache_test_pack import FakeVAE
+    m, pos, neg, lat = built["flux"]
+    args = (m, pos, neg, {"samples": lat}, FakeVAE(), 0, 1, 8, 1.0, "euler", "simple", 3, 8, 2, "ssim", "s1")
+    calls = {"n": 0}
+    real = search_node.sample
+
+    def interrupting(*a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 3:  # reference run + 1 evaluation, then the user presses Interrupt
+            comfy.model_management.interrupt_current_processing(True)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(search_node, "sample", interrupting)
+    with pytest.raises(comfy.model_management.InterruptProcessingException):
+        GCacheSearch.execute(*args)
+    import json
+    state = json.loads((gcache_dir / "s1.search.json").read_text())
+    assert len(state["masks"]) == 1 and not state["done"]
+    calls["n"] = -100
+    out = GCacheSearch.execute(*args)
+    policy, image = out.result
+    assert policy.n_steps == 8 and policy.n_computed == 3 and image.shape[-1] == 3
+    state = json.loads((gcache_dir / "s1.search.json").read_text())
+    assert state["done"] and len(state["history"]) == 8
+    assert Policy.load(str(gcache_dir / "s1.json")).mask == policy.mask
+    assert len(state["masks"]) > 1
+    assert calls["n"] - (-100) == 1 + len(state["masks"]) - 1  # resumed: the earlier mask is not sampled again

@@ -1,0 +1,181 @@
+"""GCache in a running ComfyUI server (loopback only): node list, bundled workflows, queued runs.
+
+The server gets a throwaway --base-directory whose custom_nodes/ holds this repository under the name
+ComfyUI-GCache (so the package's relative imports are exercised under a foreign name) and a test-only node
+pack (tiny Flux, random conditioning).
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+
+import pytest
+
+from conftest import COMFY, REASON
+
+if not COMFY:
+    pytest.skip(REASON, allow_module_level=True)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+FRONTEND_ONLY = {"Note", "MarkdownNote", "Reroute", "PrimitiveNode"}
+FILE_COMBOS = {"unet_name", "clip_name", "clip_name1", "clip_name2", "vae_name", "policy_file", "profile"}
+WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url):
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def _post(url, data):
+    req = urllib.request.Request(url, json.dumps(data).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    base = tmp_path_factory.mktemp("comfy_base")
+    (base / "custom_nodes").mkdir()
+    os.symlink(REPO, base / "custom_nodes" / "ComfyUI-GCache")
+    os.symlink(os.path.join(HERE, "gcache_test_pack"), base / "custom_nodes" / "gcache_test_pack")
+    port = _free_port()
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    log = open(base / "server.log", "w")
+    proc = subprocess.Popen([sys.executable, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port),
+                             "--base-directory", str(base), "--disable-auto-launch"],
+                            cwd=COMFY, stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(240):
+            if proc.poll() is not None:
+                break
+            try:
+                info = _get(url + "/object_info")
+                break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            info = None
+        if proc.poll() is not None or info is None:
+            pytest.fail("ComfyUI did not start: " + (base / "server.log").read_text()[-3000:])
+        yield {"url": url, "info": info, "base": base, "log": base / "server.log"}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def test_nodes_listed_in_one_category_with_tooltips(server):
+    info = server["info"]
+    for node in ("GCacheApply", "GCacheProfile", "GCacheSearch", "GCacheLoadProfile"):
+        assert node in info, server["log"].read_text()[-3000:]
+        d = info[node]
+        assert d["category"] == "GCache"
+        for group in ("required", "optional"):
+            for name, spec in d["input"].get(group, {}).items():
+                assert spec[1].get("tooltip"), f"{node}.{name} has no tooltip"
+    assert info["GCacheSearch"]["output"] == ["GCACHE_POLICY", "IMAGE"]
+    assert info["GCacheLoadProfile"]["output"] == ["GCACHE_PROFILE", "IMAGE"]
+
+
+def _widgets(spec: dict) -> list[tuple[str, str, dict]]:
+    out = []
+    for group in ("required", "optional"):
+        for name in spec["input_order"].get(group, []):
+            t, opts = spec["input"][group][name][0], (spec["input"][group][name] + [{}])[1]
+            kind = "COMBO" if isinstance(t, list) else t
+            if kind in WIDGET_TYPES:
+                out.append((name, kind, dict(opts, options=t if isinstance(t, list) else opts.get("options"))))
+                if kind == "INT" and opts.get("control_after_generate"):
+                    out.append((name + ":control", "CONTROL", {}))
+    return out
+
+
+@pytest.mark.parametrize("wf", sorted(f for f in os.listdir(os.path.join(REPO, "workflows")) if f.endswith(".json")))
+def test_bundled_workflow_matches_object_info(server, wf):
+    info = server["info"]
+    data = json.load(open(os.path.join(REPO, "workflows", wf)))
+    ids = {n["id"] for n in data["nodes"]}
+    for link in data["links"]:
+        assert link[1] in ids and link[3] in ids
+    for node in data["nodes"]:
+        if node["type"] in FRONTEND_ONLY:
+            continue
+        assert node["type"] in info, f"{wf}: missing node type {node['type']}"
+        widgets = _widgets(info[node["type"]])
+        values = node.get("widgets_values", [])
+        assert len(values) == len(widgets), f"{wf}: {node['type']} has {len(values)} widget values, needs {len(widgets)}"
+        for (name, kind, o), v in zip(widgets, values):
+            where = f"{wf}: {node['type']}.{name} = {v!r}"
+            if kind == "CONTROL":
+                assert v in ("fixed", "increment", "decrement", "randomize"), where
+            elif kind == "COMBO" and name not in FILE_COMBOS:
+                assert v in o["options"], where
+            elif kind in ("INT", "FLOAT"):
+                assert isinstance(v, (int, float)) and not isinstance(v, bool), where
+                assert o.get("min", v) <= v <= o.get("max", v), where
+            elif kind == "BOOLEAN":
+                assert isinstance(v, bool), where
+            elif kind == "STRING":
+                assert isinstance(v, str), where
+        link_inputs = [i["name"] for i in node.get("inputs", []) if "widget" not in i]
+        sockets = [n for g in ("required", "optional") for n in info[node["type"]]["input_order"].get(g, [])
+                   if n not in {w[0] for w in widgets}]
+        assert set(link_inputs) <= set(sockets), f"{wf}: {node['type']} inputs {link_inputs} vs {sockets}"
+
+
+def _run(server, prompt):
+    pid = _post(server["url"] + "/prompt", {"prompt": prompt, "client_id": uuid.uuid4().hex})["prompt_id"]
+    for _ in range(600):
+        h = _get(f"{server['url']}/history/{pid}")
+        if pid in h and h[pid].get("status", {}).get("completed") is not None:
+            st = h[pid]["status"]
+            assert st["status_str"] == "success", json.dumps(st)[-2000:]
+            return h[pid]
+        time.sleep(0.5)
+    pytest.fail("prompt did not finish: " + server["log"].read_text()[-3000:])
+
+
+def test_profile_accumulates_over_two_queued_runs_then_apply_uses_the_policy(server):
+    prompt = {
+        "1": {"class_type": "GCacheTestTinyFlux", "inputs": {"seed": 0}},
+        "2": {"class_type": "GCacheTestCond", "inputs": {"tokens": 6, "dim": 32, "pooled": 24, "seed": 1}},
+        "3": {"class_type": "GCacheTestCond", "inputs": {"tokens": 6, "dim": 32, "pooled": 24, "seed": 2}},
+        "4": {"class_type": "EmptySD3LatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}},
+        "5": {"class_type": "GCacheProfile", "inputs": {"model": ["1", 0], "profile_name": "tiny_flux",
+                                                         "history_device": "cpu"}},
+        "6": {"class_type": "KSampler", "inputs": {"model": ["5", 0], "seed": 3, "steps": 6, "cfg": 2.0,
+                                                   "sampler_name": "euler", "scheduler": "simple",
+                                                   "positive": ["2", 0], "negative": ["3", 0],
+                                                   "latent_image": ["4", 0], "denoise": 1.0}},
+        "7": {"class_type": "SaveLatent", "inputs": {"samples": ["6", 0], "filename_prefix": "gcache_test"}},
+    }
+    from safetensors import safe_open
+    path = server["base"] / "models" / "gcache" / "tiny_flux.profile.safetensors"
+    for runs in (1, 2):  # the same prompt twice: Profile must not be served from the cache
+        _run(server, prompt)
+        with safe_open(str(path), "pt") as f:
+            meta = json.loads(f.metadata()["meta"])
+            assert meta["runs"] == runs and int(f.metadata()["count"]) == 2 * runs  # cond + uncond branches
+    os.makedirs(server["base"] / "models" / "gcache", exist_ok=True)
+    pol = {"format": "gcache.policy", "version": 1, "mask": [1, 0, 1, 0, 1, 0]}
+    (server["base"] / "models" / "gcache" / "tiny.json").write_text(json.dumps(pol))
+    prompt["5"] = {"class_type": "GCacheApply", "inputs": {"model": ["1", 0], "policy_file": "tiny.json",
+                                                           "cache_device": "model device", "step_mismatch": "remap"}}
+    _run(server, prompt)
+    assert "GCache: computed 3/6 steps, skipped 3" in server["log"].read_text()

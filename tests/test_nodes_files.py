@@ -1,0 +1,61 @@
+"""File handling of the nodes (headless): names, lists, refusing paths outside the folder, accumulation."""
+import os
+
+import numpy as np
+import pytest
+
+from gcache.core.errors import GCacheError
+from gcache.core.policy import Policy
+from gcache.core.profile import Profile
+from gcache.nodes import files
+
+
+def test_paths_and_unsafe_names(tmp_path):
+    assert files.profile_path(str(tmp_path), "flux 30").endswith("flux 30.profile.safetensors")
+    assert files.state_path(str(tmp_path), "p").endswith("p.search.json")
+    for bad in ("../x", "a/b", "", ".hidden", "x" * 200):
+        with pytest.raises(GCacheError):
+            files.policy_path(str(tmp_path), bad)
+
+
+def test_lists_separate_policies_states_and_profiles():
+    names = ["a.json", "a.search.json", "b.profile.safetensors", "a.search.profile.safetensors", "c.txt"]
+    assert files.list_policies(names) == ["a.json"]
+    assert files.list_profiles(names) == ["a.search", "b"]
+
+
+def test_resolve_in_refuses_anything_outside(tmp_path):
+    Policy([1, 0, 1]).save(str(tmp_path / "p.json"))
+    assert files.load_policy_file(str(tmp_path), "p.json").mask == [1, 0, 1]
+    for bad in ("../p.json", "/etc/passwd", "sub/p.json", "missing.json", ""):
+        with pytest.raises(GCacheError):
+            files.resolve_in(str(tmp_path), bad)
+
+
+def _run_profile(value):
+    p = Profile.empty([1.0, 0.5], meta={"family": "flux"})
+    p.e_sum[:] = value
+    p.count = 1
+    p.meta["runs"] = 1
+    return p
+
+
+def test_merge_into_file_accumulates_and_keeps_file_on_bad_merge(tmp_path):
+    path = str(tmp_path / "x.profile.safetensors")
+    files.merge_into_file(path, _run_profile(1.0))
+    total = files.merge_into_file(path, _run_profile(3.0))
+    assert total.count == 2 and total.meta["runs"] == 2 and np.allclose(Profile.load(path).E, 2.0)
+    before = open(path, "rb").read()
+    other = Profile.empty([1.0, 0.6, 0.3], meta={"family": "flux"})
+    other.count = 1
+    with pytest.raises(GCacheError):
+        files.merge_into_file(path, other)
+    assert open(path, "rb").read() == before
+    assert files.load_profile_opt(str(tmp_path / "none.profile.safetensors")) is None
+
+
+def test_no_file_name_is_ever_unpickled(tmp_path):
+    (tmp_path / "evil.json").write_bytes(b"\x80\x04K\x01.")  # a pickle, not JSON
+    with pytest.raises(GCacheError):
+        files.load_policy_file(str(tmp_path), "evil.json")
+    assert os.path.exists(tmp_path / "evil.json")
