@@ -187,8 +187,12 @@ class ResidualCache:
         parts = [self._deltas[k] for k in keys]
         if self.cache_device is not None and parts[0].device != h.device:
             parts = [p.to(h.device, non_blocking=True) for p in parts]
-        delta = parts[0] if len(parts) == 1 else torch.cat(parts, 0)
-        return h + delta
+        if len(parts) == 1:
+            return h + parts[0]
+        out = torch.empty_like(h)  # add chunk by chunk into one output: no concatenated δ temporary
+        for hk, dk, ok in zip(h.chunk(chunks, 0), parts, out.chunk(chunks, 0)):
+            torch.add(hk, dk, out=ok)
+        return out
 
     def run(self, h: torch.Tensor, branches: Sequence[Hashable], blocks: Callable[[torch.Tensor], torch.Tensor]):
         """enter → blocks (only when computing) → exit; a failure in the blocks drops the pending input."""
@@ -210,8 +214,10 @@ class ResidualCache:
         old = self._deltas.get(key)
         if self.cache_device is not None and delta.device != self.cache_device:
             delta = delta.to(self.cache_device, non_blocking=False)
-        elif delta._base is not None or not delta.is_contiguous():
-            delta = delta.contiguous() if not delta.is_contiguous() else delta.clone()  # don't pin the whole batch
+        elif delta._base is not None:
+            # A batch chunk is a view: copy it so it doesn't pin the whole batch. clone() keeps h's memory
+            # layout (e.g. Wan's transposed tokens), so the skip-step add runs on matching strides.
+            delta = delta.clone()
         self._deltas[key] = delta
         self._meta[key] = meta
         self.stats.bytes_held += delta.numel() * delta.element_size() - (0 if old is None else old.numel() * old.element_size())

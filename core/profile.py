@@ -4,7 +4,8 @@ Memory model of the recorder (per branch of a run, measured by bench/engine.py a
 - the residual history, N × numel(δ) in δ's dtype, lives on `history_device` (default: δ's own device;
   "cpu" offloads it and streams it back in chunks for each new row),
 - one copy of the previous block input h (for the rel-L1 change of h),
-- a temporary of at most `chunk_elems` elements while a row of E is computed.
+- a temporary of at most `chunk_elems` elements while a row of E is computed (plus flattened copies of h and δ
+  when the model hands over non-contiguous token views, e.g. Wan's transposed patch embedding).
 E is built row by row as each step arrives (O(N²·numel) work spread over the run), so nothing is
 recomputed at the end. Values are means (not sums) so profiles at different resolutions can be merged.
 
@@ -183,7 +184,7 @@ class _BranchHistory:
             idx = done[a:a + self.rows_per_chunk]
             block = self.hist[idx[0]:idx[-1] + 1] if idx == list(range(idx[0], idx[-1] + 1)) else self.hist[idx]
             block = block.to(self.device, non_blocking=True)
-            vals = (block - d).abs().mean(dim=1, dtype=torch.float32).double()
+            vals = (block - d).abs_().mean(dim=1, dtype=torch.float32).double()
             self.rows[step, idx] = vals
             self.rows[idx, step] = vals
         self.hist[step].copy_(d, non_blocking=True)
