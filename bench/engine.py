@@ -3,7 +3,7 @@
     python -m gcache.bench.engine [--steps 30 50] [--batch 8] [--repeats 7] [--threads 1]
 
 Whole sampling runs of N steps, timed side by side in one process after warm-up, variants interleaved
-(plain, all-ones, K = N/2, blocks skipped entirely) so that drift on a shared machine hits all alike;
+(plain, all-ones, K = N/2, blocks skipped entirely; shuffled every repetition) so that drift on a shared machine hits all alike;
 medians of `--repeats` (ratios: median of the per-repetition ratios). T = plain time / N; T_io = time with the block stack replaced by the identity / N
 (a step without the block stack); ideal = N·T / (K·T + (N − K)·T_io).
 The last line is one JSON object; its top-level figures are the worst over the step counts measured
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import time
 
@@ -53,8 +54,12 @@ def measure(h: ReferenceHarness, seeds: list[int], repeats: int) -> dict:
     times = {name: [] for name in variants}
     for fn in variants.values():  # warm-up
         fn()
+    order = list(variants)
+    rng = random.Random(0)
     for _ in range(repeats):
-        for name, fn in variants.items():
+        rng.shuffle(order)  # a fixed rotation biases whoever runs after whom (allocator, caches)
+        for name in order:
+            fn = variants[name]
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)
