@@ -167,7 +167,9 @@ class _BranchHistory:
         self.device = delta.device
         hist_dev = history_device or delta.device
         self.numel = delta.numel()
-        self.hist = torch.empty((n_steps, self.numel), dtype=delta.dtype, device=hist_dev)
+        # Offloaded next to a GPU: pinned, so copies in and out run asynchronously on the compute stream.
+        pin = torch.device(hist_dev).type == "cpu" and delta.device.type == "cuda"
+        self.hist = torch.empty((n_steps, self.numel), dtype=delta.dtype, device=hist_dev, pin_memory=pin)
         self.rows = torch.zeros((n_steps, n_steps), dtype=torch.float64, device=delta.device)
         self.norms = torch.zeros(n_steps, dtype=torch.float64, device=delta.device)
         self.rel_h = torch.zeros(n_steps, dtype=torch.float64, device=delta.device)
