@@ -30,6 +30,7 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
     try:
+        os.chmod(tmp, _file_mode(path))  # mkstemp makes 0600; users expect the mode of their other files
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -39,6 +40,23 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _file_mode(path: str) -> int:
+    """The existing file's mode, else 0666 minus the process umask (read without changing it)."""
+    try:
+        return os.stat(path).st_mode & 0o777
+    except OSError:
+        pass
+    umask = 0o022
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    umask = int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o666 & ~umask
 
 
 def atomic_write_text(path: str, text: str) -> None:

@@ -122,3 +122,14 @@ def test_binary_file_is_refused(tmp_path):
     path.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe\x00")
     with pytest.raises(GCacheError, match="not a text file"):
         Policy.load(str(path))
+
+
+def test_saved_files_get_normal_permissions(tmp_path):
+    path = tmp_path / "p.json"
+    make().save(str(path))
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+    os.chmod(path, 0o640)
+    make().save(str(path))
+    assert path.stat().st_mode & 0o777 == 0o640

@@ -1,0 +1,290 @@
+"""The bilevel search (paper §3.3, Algorithm 2): GP-LCB over s outside, the exact DP for the mask inside.
+
+    s ──DP(E, w(t; s), K)──► mask ──evaluate(mask)──► loss        (evaluate: sampling + decode vs. full run)
+
+- Every distinct mask is evaluated once; another s that gives a known mask reuses its loss (recorded as
+  `reused` in the history; the GP still sees the new (s, loss) point).
+- After every evaluation the whole state is written atomically to `state_path` (JSON). A search started
+  again with the same config, profile and provenance resumes from it, losing at most the evaluation that
+  was running; with the same seed it ends with the same policy as an uninterrupted run.
+- `budget` counts GP observations, the 2^{d+1} start grid included. At the end the GP is refit on all of
+  them, s_μ = argmin μ(s) gives one more mask (evaluated if new); the result keeps the better measured of
+  that mask and the best evaluated one.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from ..core.errors import GCacheError
+from ..core.files import atomic_write_text
+from ..core.policy import Policy, check_budget
+from ..core.profile import Profile
+from ..core.weights import bernstein_w
+from .dp import dp_mask
+from .gp import GPLCB, kappa_schedule, start_grid
+
+STATE_FORMAT = "gcache.search_state"
+STATE_VERSION = 1
+MAX_DEGREE = 4
+
+
+class SearchInterrupted(Exception):
+    """should_stop() said stop; the state file holds every evaluation so far (resume by running again)."""
+
+
+@dataclass
+class SearchConfig:
+    k: int
+    degree: int = 3
+    budget: int = 64
+    seed: int = 0
+    objective: str = "lpips_ssim"
+    s_min: float = 0.0
+    s_max: float = 10.0
+    n_candidates: int = 2048
+    n_polish: int = 3
+    warm_maxiter: int = 30
+    cold_every: int = 50
+    log_loss: bool = True   # the GP models log(loss) when losses are ≥ 0 (they span decades; see gp_targets)
+
+    def validate(self, n_steps: int) -> None:
+        check_budget(self.k, n_steps)
+        if not isinstance(self.degree, int) or not 1 <= self.degree <= MAX_DEGREE:
+            raise GCacheError(f"degree must be a whole number in 1..{MAX_DEGREE} (the paper uses 3), got {self.degree!r}.")
+        grid = 2 ** (self.degree + 1)
+        if not isinstance(self.budget, int) or self.budget < grid:
+            raise GCacheError(f"budget = {self.budget!r} evaluations is below the {grid}-point start grid of degree "
+                              f"{self.degree}: use a budget of at least {grid} (the paper uses 500).")
+        if not (math.isfinite(self.s_min) and math.isfinite(self.s_max) and self.s_min < self.s_max):
+            raise GCacheError(f"The search box needs finite s_min < s_max, got [{self.s_min}, {self.s_max}].")
+        if not isinstance(self.objective, str) or not self.objective:
+            raise GCacheError("The objective needs a name (e.g. 'lpips_ssim', 'ssim', 'psnr').")
+
+    def identity(self) -> dict:
+        """What makes two searches the same search: everything but the budget (a larger budget continues it)."""
+        d = asdict(self)
+        d.pop("budget")
+        return d
+
+
+@dataclass
+class SearchResult:
+    policy: Policy
+    best_mask: list
+    best_loss: float
+    mu_mask: list
+    mu_loss: float
+    s_best: list           # s of the chosen policy
+    s_mu: list
+    history: list
+    state: dict
+    evaluations: int       # calls of evaluate() (distinct masks), the final one included
+    distinct_masks: int
+
+
+def mask_key(mask: Sequence[int]) -> str:
+    return "".join("1" if m else "0" for m in mask)
+
+
+def gp_targets(losses, log_loss: bool) -> np.ndarray:
+    """What the GP fits. Losses of good and bad masks differ by decades (1 − SSIM: 2e-4 … 4e-2), so on the raw
+    scale the few bad masks set the GP's scale and the region that matters looks flat; log fixes that.
+    −PSNR (negative) is already a log scale and is used as it is."""
+    y = np.asarray(losses, dtype=np.float64)
+    return np.log(np.maximum(y, 1e-12)) if log_loss and y.min() >= 0 else y
+
+
+def profile_identity(profile: Profile) -> dict:
+    h = hashlib.sha256()
+    h.update(np.ascontiguousarray(profile.E, dtype=np.float64).tobytes())
+    h.update(np.ascontiguousarray(profile.times, dtype=np.float64).tobytes())
+    return {"n_steps": int(profile.n_steps), "sha256": h.hexdigest()[:16], "count": int(profile.count)}
+
+
+def _fingerprint(config: SearchConfig, prof_id: dict, provenance: dict) -> str:
+    blob = json.dumps({"config": config.identity(), "profile": prof_id, "provenance": provenance},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------------------------- state file
+def load_state(path: str) -> dict:
+    """Read and check a state file; never modifies it."""
+    name = os.path.basename(path)
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            state = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise GCacheError(f"The search state {path} is unreadable or damaged ({e}). It was left as it is: delete it "
+                          "to start the search over, or choose another state file name.") from None
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise GCacheError(f"{name} is not a GCache search state (no 'format': '{STATE_FORMAT}'). It was left "
+                          "untouched: choose another state file name.")
+    if state.get("version") != STATE_VERSION:
+        raise GCacheError(f"{name} has search-state version {state.get('version')!r}; this GCache reads "
+                          f"{STATE_VERSION}. Delete it to search again, or use the GCache version that wrote it.")
+    try:
+        for h in state["history"]:
+            if not (isinstance(h["s"], list) and isinstance(h["mask"], str) and math.isfinite(float(h["loss"]))):
+                raise ValueError("bad history entry")
+        for key, m in state["masks"].items():
+            if set(key) - {"0", "1"} or not math.isfinite(float(m["loss"])):
+                raise ValueError("bad mask entry")
+        str(state["fingerprint"]), dict(state["config"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise GCacheError(f"{name} is damaged ({e!r}). It was left untouched: delete it to start the search over.") from None
+    return state
+
+
+def _differences(state: dict, config: SearchConfig, prof_id: dict, provenance: dict) -> str:
+    """What differs between a state file's search and this one, in words."""
+    old_cfg, new_cfg = dict(state.get("config") or {}), config.identity()
+    diffs = [f"{k}: file {old_cfg.get(k)!r}, now {v!r}" for k, v in new_cfg.items() if old_cfg.get(k) != v]
+    old_prof = state.get("profile") or {}
+    if old_prof.get("n_steps") != prof_id["n_steps"]:
+        diffs.append(f"profile steps N: file {old_prof.get('n_steps')}, now {prof_id['n_steps']}")
+    elif old_prof.get("sha256") != prof_id["sha256"]:
+        diffs.append(f"profile: file {old_prof.get('sha256')}, now {prof_id['sha256']} (another profile of the same N)")
+    if (state.get("provenance") or {}) != provenance:
+        diffs.append("provenance (seeds/model) differs")
+    return "; ".join(diffs) or "its fingerprint differs"
+
+
+def _new_state(config: SearchConfig, fp: str, prof_id: dict, provenance: dict) -> dict:
+    return {"format": STATE_FORMAT, "version": STATE_VERSION, "fingerprint": fp, "config": asdict(config),
+            "profile": prof_id, "provenance": provenance, "history": [], "masks": {}, "gp": {"theta": None},
+            "final": None, "done": False}
+
+
+# ---------------------------------------------------------------------------------------------- search
+def run_search(profile: Profile, config: SearchConfig, evaluate: Callable[[list], float],
+               state_path: Optional[str] = None, progress: Optional[Callable[[dict], None]] = None,
+               should_stop: Optional[Callable[[], bool]] = None, provenance: Optional[dict] = None) -> SearchResult:
+    """Search s; `evaluate(mask) -> loss` samples under the mask. See the module docstring."""
+    if not isinstance(profile, Profile):
+        raise GCacheError("run_search needs a GCache Profile (profile the model first).")
+    n = profile.n_steps
+    config.validate(n)
+    E, times = profile.E, np.asarray(profile.times, dtype=np.float64)
+    if E.shape != (n, n) or times.shape != (n,):
+        raise GCacheError(f"The profile is inconsistent: E is {E.shape} and has {times.size} times for {n} steps.")
+    provenance = json.loads(json.dumps(dict(provenance or {}), default=str))
+    prof_id = profile_identity(profile)
+    fp = _fingerprint(config, prof_id, provenance)
+
+    if state_path and os.path.exists(state_path):
+        state = load_state(state_path)
+        if state["fingerprint"] != fp:
+            raise GCacheError(
+                f"{os.path.basename(state_path)} belongs to another search ({_differences(state, config, prof_id, provenance)}). "
+                "It was left untouched: use another state file name, or delete it to start over.")
+        state["config"]["budget"] = config.budget
+        if len(state["history"]) < config.budget:
+            state["done"], state["final"] = False, None  # a larger budget continues the search
+    else:
+        state = _new_state(config, fp, prof_id, provenance)
+
+    def save():
+        if state_path:
+            atomic_write_text(state_path, json.dumps(state, indent=1, allow_nan=False))
+
+    dim = config.degree + 1
+    grid = start_grid(dim, config.s_min, config.s_max)
+    gp = GPLCB(dim, config.s_min, config.s_max, config.seed, config.n_candidates, config.n_polish,
+               config.warm_maxiter, config.cold_every)
+    n_gp_iters = config.budget - len(grid)
+
+    def mask_for(s) -> tuple[list, float]:
+        return dp_mask(E, bernstein_w(times, s), config.k)
+
+    def measure(mask: list, i: int) -> tuple[float, float, bool]:
+        key = mask_key(mask)
+        if key in state["masks"]:
+            return state["masks"][key]["loss"], 0.0, True
+        t0 = time.perf_counter()
+        loss = evaluate(list(mask))
+        secs = time.perf_counter() - t0
+        try:
+            loss = float(loss)
+        except (TypeError, ValueError):
+            loss = float("nan")
+        if not math.isfinite(loss):
+            raise GCacheError(f"The evaluation of mask {key} returned {loss!r}, not a finite loss (the run diverged or "
+                              f"the objective failed). The state file keeps the {len(state['history'])} evaluations "
+                              "before it; fix the evaluation and run the search again to resume.")
+        state["masks"][key] = {"loss": loss, "seconds": round(secs, 4), "first": i}
+        return loss, secs, False
+
+    def report(entry: dict):
+        if progress:
+            progress({"iteration": len(state["history"]), "budget": config.budget, "evaluations": len(state["masks"]),
+                      "best_loss": min(h["loss"] for h in state["history"]), **entry})
+
+    while len(state["history"]) < config.budget and not state["done"]:
+        if should_stop and should_stop():
+            save()
+            raise SearchInterrupted(f"Search stopped after {len(state['history'])} of {config.budget} iterations; "
+                                    "run it again with the same settings to resume.")
+        i = len(state["history"])
+        gp_secs, kappa, theta = None, None, state["gp"]["theta"]
+        if i < len(grid):
+            s, kind = grid[i], "grid"
+        else:
+            t0 = time.perf_counter()
+            S = np.array([h["s"] for h in state["history"]])
+            y = gp_targets([h["loss"] for h in state["history"]], config.log_loss)
+            theta = gp.fit(S, y, theta)
+            kappa = kappa_schedule(i - len(grid), n_gp_iters)
+            s, kind = gp.minimize_acq(kappa, i), "gp"
+            gp_secs = time.perf_counter() - t0
+        mask, bound = mask_for(s)
+        loss, secs, reused = measure(mask, i)
+        entry = {"i": i, "kind": kind, "s": [float(v) for v in s], "mask": mask_key(mask), "loss": loss,
+                 "reused": reused, "seconds": round(secs, 4), "bound": bound, "kappa": kappa,
+                 "gp_seconds": None if gp_secs is None else round(gp_secs, 4)}
+        state["history"].append(entry)
+        state["gp"]["theta"] = theta
+        save()
+        report(entry)
+
+    if not state["done"]:
+        S = np.array([h["s"] for h in state["history"]])
+        y = gp_targets([h["loss"] for h in state["history"]], config.log_loss)
+        t0 = time.perf_counter()
+        gp.fit(S, y, state["gp"]["theta"])
+        best_i = int(np.argmin(y))
+        s_mu = gp.minimize_acq(0.0, config.budget, extra_starts=S[[best_i]])
+        gp_secs = time.perf_counter() - t0
+        mask, bound = mask_for(s_mu)
+        loss, secs, reused = measure(mask, config.budget)
+        state["final"] = {"s": [float(v) for v in s_mu], "mask": mask_key(mask), "loss": loss, "reused": reused,
+                          "seconds": round(secs, 4), "bound": bound, "gp_seconds": round(gp_secs, 4)}
+        state["done"] = True
+        save()
+        report({"kind": "final", **state["final"]})
+    return _result(state, profile, config)
+
+
+def _result(state: dict, profile: Profile, config: SearchConfig) -> SearchResult:
+    hist, fin = state["history"], state["final"]
+    best = min(hist, key=lambda h: (h["loss"], h["i"]))
+    chosen, how = (fin, "argmin_mu") if fin["loss"] <= best["loss"] else (best, "best_evaluated")
+    to_mask = lambda key: [int(c) for c in key]  # noqa: E731
+    prov = dict(state.get("provenance") or {})
+    prov.update({"s": chosen["s"], "degree": config.degree, "objective": config.objective, "chosen": how,
+                 "iterations": len(hist), "evaluations": len(state["masks"]), "search_seed": config.seed,
+                 "s_range": [config.s_min, config.s_max], "profile": state["profile"], "state": state["fingerprint"]})
+    metrics = {"loss": chosen["loss"], "objective": config.objective, "mu_loss": fin["loss"], "best_loss": best["loss"]}
+    policy = Policy(mask=to_mask(chosen["mask"]), times=[float(t) for t in profile.times],
+                    sigmas=[float(v) for v in profile.sigmas], method="gcache", provenance=prov, metrics=metrics)
+    return SearchResult(policy=policy, best_mask=to_mask(best["mask"]), best_loss=best["loss"],
+                        mu_mask=to_mask(fin["mask"]), mu_loss=fin["loss"], s_best=chosen["s"], s_mu=fin["s"],
+                        history=hist, state=state, evaluations=len(state["masks"]), distinct_masks=len(state["masks"]))

@@ -1,0 +1,194 @@
+"""The bilevel loop: de-duplication, resume after a crash, interruption, and every bad input."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from gcache.core.errors import GCacheError
+from gcache.core.profile import Profile
+from gcache.core.weights import bernstein_w
+from gcache.search.bilevel import SearchConfig, SearchInterrupted, load_state, mask_key, run_search
+from gcache.search.dp import mask_cost
+
+N = 14
+
+
+def make_profile(n=N, seed=0):
+    rng = np.random.default_rng(seed)
+    a = np.cumsum(rng.random(n))
+    E = np.abs(a[:, None] - a[None, :]) * (1 + 0.3 * rng.random((n, n)))
+    np.fill_diagonal(E, 0.0)
+    times = np.linspace(1.0, 0.0, n + 1)[:-1]
+    z = np.zeros(n)
+    return Profile(n, E, 1, z + 1, z + 0.1, np.r_[0, rng.random(n - 1)], times, times.copy(), {"model": "synthetic"})
+
+
+class Evaluator:
+    """A deterministic 'sampling' loss: the bound under a hidden s*; counts calls; can crash at call m."""
+
+    def __init__(self, profile, crash_at=None, value=None):
+        self.E, self.t = profile.E, profile.times
+        self.calls, self.crash_at, self.value = [], crash_at, value
+
+    def __call__(self, mask):
+        if self.crash_at is not None and len(self.calls) == self.crash_at:
+            raise RuntimeError("simulated crash")
+        self.calls.append(mask_key(mask))
+        if self.value is not None:
+            return self.value
+        return mask_cost(self.E, bernstein_w(self.t, [1.0, 6.0, 2.0]), mask) / 100.0
+
+
+CFG = dict(k=5, degree=2, budget=16, seed=1, objective="ssim", n_candidates=256, n_polish=2)
+
+
+def test_search_dedups_masks_and_returns_a_policy(tmp_path):
+    prof = make_profile()
+    ev = Evaluator(prof)
+    seen = []
+    res = run_search(prof, SearchConfig(**CFG), ev, state_path=str(tmp_path / "s.json"), progress=seen.append,
+                     provenance={"seeds": [1, 2, 3]})
+    assert len(ev.calls) == len(set(ev.calls)) == res.evaluations == len(res.state["masks"])
+    reused = [h for h in res.history if h["reused"]]
+    for h in reused:  # a reused mask carries the loss of its first evaluation
+        assert h["loss"] == res.state["masks"][h["mask"]]["loss"]
+    assert len(res.history) == 16 and len(seen) == 17
+    assert len(res.history) + 1 == res.evaluations + len(reused) + int(res.state["final"]["reused"])
+    pol = res.policy
+    assert pol.method == "gcache" and pol.n_computed == 5 and pol.mask[0] == 1 and pol.n_steps == N
+    assert pol.metrics["loss"] == min(res.best_loss, res.mu_loss)
+    for key in ("s", "degree", "objective", "evaluations", "seeds"):
+        assert key in pol.provenance
+    assert pol.provenance["seeds"] == [1, 2, 3] and pol.provenance["objective"] == "ssim"
+    assert res.best_loss == min(h["loss"] for h in res.history)
+    assert res.mu_loss == res.state["masks"][mask_key(res.mu_mask)]["loss"]
+    on_disk = load_state(str(tmp_path / "s.json"))
+    assert on_disk["done"] and on_disk["history"] == json.loads(json.dumps(res.history))
+
+
+def test_resume_after_crash_gives_the_same_policy(tmp_path):
+    prof = make_profile()
+    full = run_search(prof, SearchConfig(**CFG), Evaluator(prof), state_path=str(tmp_path / "a.json"))
+    path = str(tmp_path / "b.json")
+    crashing = Evaluator(prof, crash_at=6)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_search(prof, SearchConfig(**CFG), crashing, state_path=path)
+    assert len(load_state(path)["masks"]) == 6  # every finished evaluation is on disk
+    rest = Evaluator(prof)
+    resumed = run_search(prof, SearchConfig(**CFG), rest, state_path=path)
+    assert resumed.policy.mask == full.policy.mask and resumed.s_best == full.s_best
+    assert [h["s"] for h in resumed.history] == [h["s"] for h in full.history]
+    assert len(crashing.calls) + len(rest.calls) == full.evaluations  # only the running evaluation was lost
+    # a finished search resumes to its result without evaluating again
+    again = Evaluator(prof)
+    assert run_search(prof, SearchConfig(**CFG), again, state_path=path).policy.mask == full.policy.mask
+    assert again.calls == []
+
+
+def test_should_stop_saves_and_raises(tmp_path):
+    prof = make_profile()
+    path = str(tmp_path / "s.json")
+    ev = Evaluator(prof)
+    with pytest.raises(SearchInterrupted):
+        run_search(prof, SearchConfig(**CFG), ev, state_path=path, should_stop=lambda: len(ev.calls) >= 3)
+    assert len(load_state(path)["history"]) >= 3
+    res = run_search(prof, SearchConfig(**CFG), Evaluator(prof), state_path=path)
+    full = run_search(prof, SearchConfig(**CFG), Evaluator(prof), state_path=None)
+    assert res.policy.mask == full.policy.mask
+
+
+@pytest.mark.parametrize("k", [0, N + 1, 2.5])
+def test_budget_k_outside_range(tmp_path, k):
+    path = tmp_path / "s.json"
+    with pytest.raises(GCacheError):
+        run_search(make_profile(), SearchConfig(**dict(CFG, k=k)), Evaluator(make_profile()), state_path=str(path))
+    assert not path.exists()
+
+
+@pytest.mark.parametrize("change", [dict(degree=0), dict(degree=5), dict(budget=3), dict(s_min=5.0, s_max=1.0)])
+def test_bad_config(change):
+    with pytest.raises(GCacheError):
+        run_search(make_profile(), SearchConfig(**dict(CFG, **change)), Evaluator(make_profile()))
+
+
+def _partial_state(tmp_path):
+    prof = make_profile()
+    path = str(tmp_path / "s.json")
+    with pytest.raises(RuntimeError):
+        run_search(prof, SearchConfig(**CFG), Evaluator(prof, crash_at=4), state_path=path)
+    with open(path, "rb") as f:
+        return prof, path, f.read()
+
+
+def _unchanged(path, before):
+    with open(path, "rb") as f:
+        return f.read() == before
+
+
+def test_profile_of_another_step_count_is_refused_and_file_kept(tmp_path):
+    prof, path, before = _partial_state(tmp_path)
+    other = make_profile(n=N + 2)
+    with pytest.raises(GCacheError, match="another search"):
+        run_search(other, SearchConfig(**CFG), Evaluator(other), state_path=path)
+    assert _unchanged(path, before)
+
+
+def test_different_config_or_profile_is_refused_and_file_kept(tmp_path):
+    prof, path, before = _partial_state(tmp_path)
+    for cfg, p in ((dict(CFG, k=6), prof), (dict(CFG, seed=2), prof), (dict(CFG, objective="psnr"), prof),
+                   (CFG, make_profile(seed=5))):
+        with pytest.raises(GCacheError, match="another search"):
+            run_search(p, SearchConfig(**cfg), Evaluator(p), state_path=path)
+        assert _unchanged(path, before)
+    with pytest.raises(GCacheError, match="another search"):
+        run_search(prof, SearchConfig(**CFG), Evaluator(prof), state_path=path, provenance={"seeds": [9]})
+    assert _unchanged(path, before)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), None, "x"])
+def test_non_finite_loss_is_an_error_and_state_is_kept(tmp_path, bad):
+    prof, path, before = _partial_state(tmp_path)
+
+    def evaluate(mask):
+        return bad
+    with pytest.raises(GCacheError, match="not a finite loss"):
+        run_search(prof, SearchConfig(**CFG), evaluate, state_path=path)
+    assert _unchanged(path, before)
+
+
+@pytest.mark.parametrize("content", [b"{\"format\": \"gcache.search_state\", \"vers", b"\x00\xff garbage",
+                                     b"{\"format\": \"something.else\", \"version\": 1}", b"[1, 2, 3]",
+                                     b"{\"format\": \"gcache.search_state\", \"version\": 99}",
+                                     b"{\"format\": \"gcache.search_state\", \"version\": 1, \"history\": 5}"])
+def test_corrupted_or_foreign_state_is_refused_and_kept(tmp_path, content):
+    path = tmp_path / "s.json"
+    path.write_bytes(content)
+    with pytest.raises(GCacheError):
+        run_search(make_profile(), SearchConfig(**CFG), Evaluator(make_profile()), state_path=str(path))
+    assert path.read_bytes() == content
+    assert [p.name for p in tmp_path.iterdir()] == ["s.json"]  # no temp files left behind
+
+
+def test_same_mask_from_two_s_shares_one_evaluation():
+    prof = make_profile()
+    ev = Evaluator(prof, value=0.5)  # a flat objective: the GP keeps proposing, masks repeat
+    res = run_search(prof, SearchConfig(**CFG), ev)
+    assert len(ev.calls) == len(set(ev.calls)) == res.distinct_masks
+    assert sum(h["reused"] for h in res.history) == len(res.history) - len({h["mask"] for h in res.history})
+
+
+def test_gp_fits_log_loss_for_positive_losses_only():
+    from gcache.search.bilevel import gp_targets
+    assert np.allclose(gp_targets([1e-4, 1e-2], True), np.log([1e-4, 1e-2]))
+    assert np.allclose(gp_targets([-30.0, -40.0], True), [-30.0, -40.0])  # −PSNR stays as it is
+    assert np.allclose(gp_targets([1e-4, 1e-2], False), [1e-4, 1e-2])
+
+
+def test_larger_budget_continues_a_finished_search(tmp_path):
+    prof = make_profile()
+    path = str(tmp_path / "s.json")
+    run_search(prof, SearchConfig(**CFG), Evaluator(prof), state_path=path)
+    ev = Evaluator(prof)
+    res = run_search(prof, SearchConfig(**dict(CFG, budget=20)), ev, state_path=path)
+    assert len(res.history) == 20 and len(ev.calls) <= 5 and res.state["done"]
