@@ -23,12 +23,7 @@ from ..core.engine import ResidualCache
 from ..core.profile import ProfileRecorder
 from ..reference_model.harness import ReferenceHarness, labels_for
 from ..reference_model.sampler import sample
-
-
-def uniform_mask(n: int, k: int) -> list[int]:
-    """K computed steps spread evenly, step 0 first (FORA-style)."""
-    steps = {round(i * n / k) for i in range(k)}
-    return [1 if i in steps else 0 for i in range(n)]
+from ..search.baselines import uniform_mask
 
 
 def measure(h: ReferenceHarness, seeds: list[int], repeats: int) -> dict:

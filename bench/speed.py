@@ -68,11 +68,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-try:
-    from gcache.core import ProfileRecorder, ResidualCache
-except ImportError:  # run from the repository root without installation
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    from gcache.core import ProfileRecorder, ResidualCache
+# Absolute imports: this file also runs as a script (`python bench/speed.py`); `pip install -e .` provides gcache.
+from gcache.core import ProfileRecorder, ResidualCache
+from gcache.search.baselines import uniform_mask
 
 
 # ============================================================================ size configs
@@ -410,12 +408,6 @@ def forward(model, x, t, inp, stack: Callable):
     h, st = model.f_in(x, t, **extra)
     z = stack(h, model.branches, lambda hh: model.blocks(hh, st))
     return model.f_out(z, st)
-
-
-def uniform_mask(n: int, k: int) -> list:
-    """K computed steps spread uniformly over N, step 0 computed."""
-    idx = {round(j * n / k) for j in range(k)}
-    return [1 if i in idx else 0 for i in range(n)]
 
 
 VARIANTS = ("none", "ones", "profile", "io", "skip", "half", "third")

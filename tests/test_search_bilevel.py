@@ -1,6 +1,5 @@
 """The bilevel loop: de-duplication, resume after a crash, interruption, and every bad input."""
 import json
-import os
 
 import numpy as np
 import pytest

@@ -1,6 +1,5 @@
 """The headless search command and bench/quality.py run end to end (tiny random-weight model, tiny budget)."""
 import json
-import os
 
 from gcache.core.policy import Policy
 from gcache.reference_model.harness import ReferenceHarness
