@@ -123,7 +123,9 @@ class ResidualCache:
 
     def _must_store(self, step: Optional[int], forced: bool) -> bool:
         # δ is only needed if a later step will reuse it: skip the subtraction on back-to-back computed steps.
-        if forced or self.mask is None or step is None:
+        if self.mask is None:
+            return False  # no policy (Profile runs): nothing is ever skipped, nothing to keep
+        if forced or step is None:
             return True
         return step + 1 < len(self.mask) and self.mask[step + 1] == 0
 

@@ -101,10 +101,11 @@ class Policy:
         """
         if n_steps < 1:
             raise GCacheError(f"Cannot remap a policy to {n_steps} steps.")
+        # Match on one time axis: a policy without times knows only step positions, so both sides use them.
         old_t = self.times if self.times is not None else _uniform_times(self.n_steps)
-        new_t = list(times) if times is not None else _uniform_times(n_steps)
-        if len(new_t) != n_steps:
-            raise GCacheError(f"remap got {len(new_t)} times for {n_steps} steps.")
+        new_t = list(times) if times is not None and self.times is not None else _uniform_times(n_steps)
+        if times is not None and len(times) != n_steps:
+            raise GCacheError(f"remap got {len(times)} times for {n_steps} steps.")
         k_new = max(1, min(n_steps, round(self.n_computed * n_steps / self.n_steps)))
         # Rank old computed steps so that the first step always wins its slot.
         targets = [old_t[i] for i in self.compute_steps()]
@@ -124,7 +125,7 @@ class Policy:
             size, start = max(gaps)
             chosen.add(start + size // 2)
         prov = dict(self.provenance, remapped_from=self.n_steps)
-        return Policy.from_steps(n_steps, sorted(chosen), times=list(new_t) if times is not None else None,
+        return Policy.from_steps(n_steps, sorted(chosen), times=list(times) if times is not None else None,
                                  method=self.method, provenance=prov, metrics={})
 
     def matches(self, n_steps: int) -> bool:
@@ -178,6 +179,8 @@ class Policy:
         except json.JSONDecodeError as e:
             raise GCacheError(f"{source} is not valid JSON ({e.msg} at line {e.lineno}); the file is truncated or "
                               "was edited by hand. Restore it or run GCache Search again.") from None
+        except RecursionError:
+            raise GCacheError(f"{source} is not a GCache policy (absurdly nested JSON).") from None
         return cls.from_dict(d, source)
 
     def save(self, path: str) -> None:

@@ -140,6 +140,13 @@ class Profile:
                               "profile again.")
         if not all(np.all(np.isfinite(a)) for a in arrays.values()):
             raise GCacheError(f"{source} contains NaN/Inf values; delete it and profile again.")
+        runs = extra.get("runs", 0) if isinstance(extra, dict) else None
+        sums = (arrays["e_sum"], arrays["delta_norm_sum"], arrays["rel_delta_sum"], arrays["rel_h_sum"])
+        if not isinstance(extra, dict) or isinstance(runs, bool) or not isinstance(runs, int) or runs < 0 \
+                or any(np.any(a < 0) for a in sums) or np.any(np.diag(arrays["e_sum"]) != 0) \
+                or (count == 0 and any(np.any(a != 0) for a in sums)):
+            raise GCacheError(f"{source} is inconsistent (bad metadata, negative or non-zero-diagonal errors, or sums "
+                              "without samples): it was edited or damaged. Delete it and profile again.")
         return cls(n, arrays["e_sum"], count, arrays["delta_norm_sum"], arrays["rel_delta_sum"],
                    arrays["rel_h_sum"], arrays["times"], arrays["sigmas"], extra)
 

@@ -102,7 +102,9 @@ def _candidates(ms, n_run: int):
 
 def schedule_of(ms, run_sigmas: list[float], policy_sigmas=None) -> Schedule:
     is_full = abs(run_sigmas[0] - float(ms.sigma_max)) <= 1e-4 * float(ms.sigma_max) and run_sigmas[-1] == 0.0
-    cands = () if is_full and policy_sigmas is None else _candidates(ms, len(run_sigmas) - 1)
+    # A full run (σ_max … 0) is its own schedule unless the policy's sigmas say otherwise: searching the
+    # standard schedules (thousands of calculate_sigmas calls) is only needed to place a slice.
+    cands = () if is_full else _candidates(ms, len(run_sigmas) - 1)
     return find_schedule(run_sigmas, policy_sigmas, cands)
 
 
@@ -166,6 +168,12 @@ def _start_run(holder: Holder, patcher, run_sigmas: list[float]):
     ms = patcher.get_model_object("model_sampling")
     policy = holder.policy if holder.mode == "apply" else None
     sched = schedule_of(ms, run_sigmas, policy.sigmas if policy is not None else None)
+    if sched.source.startswith("model:") and sched.offset > 0 and _own_steps(holder, sched):
+        # The tail of a standard schedule that is not the rest of a split (KSampler denoise < 1, or a second
+        # sampler without its first half): its steps are the run's own N steps.
+        log.info("GCache: this run is the tail of a longer schedule (denoise < 1?); using its own %d steps.",
+                 sched.n_run)
+        sched = Schedule(list(run_sigmas), 0, sched.n_run, "run")
     times = normalized_times(sched.sigmas[:-1], _to_t(ms))
     tracker = StepTracker(run_sigmas, sched.offset)
     where = f"steps {sched.offset}-{sched.offset + sched.n_run - 1} of {sched.n_global}" if sched.is_slice \
@@ -185,8 +193,19 @@ def _start_run(holder: Holder, patcher, run_sigmas: list[float]):
     return _start_profile_run(holder, sched, times, tracker, where)
 
 
+def _own_steps(holder: Holder, sched: Schedule) -> bool:
+    if holder.mode == "apply":
+        return holder.policy.n_steps == sched.n_run
+    pending = _PENDING.get(_profile_key(holder))
+    return pending is None or pending[1] != sched.offset or pending[2] != sched.sigmas
+
+
+def _profile_key(holder: Holder) -> str:
+    return holder.profile_path or f"sink:{holder.sink}"
+
+
 def _start_profile_run(holder: Holder, sched: Schedule, times: list[float], tracker: StepTracker, where: str):
-    key = holder.profile_path or f"sink:{holder.sink}"
+    key = _profile_key(holder)
     meta = {"family": holder.adapter.name, "model": holder.model_name, "schedule": sched.source}
     pending = _PENDING.pop(key, None)
     if pending is not None and pending[1] == sched.offset and pending[2] == sched.sigmas:
@@ -210,8 +229,10 @@ def _start_profile_run(holder: Holder, sched: Schedule, times: list[float], trac
             log.info("GCache Profile: sampling did not finish; nothing was added.")
             return
         if end < sched.n_global:
+            _PENDING.clear()  # at most one half-recorded split waits: an abandoned one must not pin its history
             _PENDING[key] = (recorder, end, sched.sigmas)
-            log.info("GCache Profile: recorded %s; waiting for the sampler of the remaining steps.", where)
+            log.info("GCache Profile: recorded %s (%.1f MiB held); waiting for the sampler of the remaining steps.",
+                     where, recorder.peak_bytes / 2**20)
             return
         prof = recorder.finish()
         if prof.count == 0:

@@ -22,17 +22,35 @@ from .steps import StepTracker
 _RUNS: contextvars.ContextVar = contextvars.ContextVar("gcache_runs", default={})
 
 
-def branch_keys(transformer_options: Optional[dict]) -> list:
-    """One key per equal batch chunk: (cond_or_uncond, occurrence), stable across steps and across the two
-    samplers of a split schedule (uuids are new for every sampling run)."""
-    cou = (transformer_options or {}).get("cond_or_uncond")
+def branch_keys(transformer_options: Optional[dict], names: Optional[dict] = None) -> list:
+    """One key per batch chunk, naming the *cond* it belongs to, stable across the steps of a run.
+
+    ComfyUI gives every cond a uuid (new each sampling run) and may run conds in separate calls (different
+    shapes, hooks, low memory), so a key per position in the call would mix two prompts' residuals. Each uuid
+    gets the name (cond_or_uncond, n) in order of first appearance, kept in `names` for the run: the same conds
+    get the same names in the second sampler of a split schedule too. Without uuids: (cond_or_uncond, position).
+    """
+    topts = transformer_options or {}
+    cou = topts.get("cond_or_uncond")
     if not cou:
         return ["all"]
-    seen: dict = {}
-    keys = []
-    for c in cou:
-        keys.append((int(c), seen.get(c, 0)))
-        seen[c] = seen.get(c, 0) + 1
+    uuids = topts.get("uuids")
+    if names is None or not uuids or len(uuids) != len(cou):
+        seen: dict = {}
+        keys = []
+        for c in cou:
+            keys.append((int(c), seen.get(c, 0)))
+            seen[c] = seen.get(c, 0) + 1
+        return keys
+    counts = names.setdefault("_count", {})
+    keys, in_call = [], {}
+    for c, u in zip(cou, uuids):
+        if u not in names:
+            names[u] = (int(c), counts.get(int(c), 0))
+            counts[int(c)] = counts.get(int(c), 0) + 1
+        occ = in_call.get(u, 0)  # the same cond twice in one call (batched areas): keep the chunks apart
+        in_call[u] = occ + 1
+        keys.append(names[u] if occ == 0 else names[u] + (occ,))
     return keys
 
 
@@ -42,6 +60,7 @@ class RunState:
         self.tracker = tracker
         self.owner = owner          # token of the model clone this run belongs to
         self.branches: list = ["all"]
+        self.names: dict = {}       # cond uuid -> stable branch name for this run
         self.compute = True
         self.n_img = 0
         self.calls = 0
@@ -50,7 +69,7 @@ class RunState:
     def begin_call(self, sigma: float, transformer_options: Optional[dict]) -> int:
         step = self.tracker.step(sigma)
         self.cache.set_step(step)
-        self.branches = branch_keys(transformer_options)
+        self.branches = branch_keys(transformer_options, self.names)
         self.compute = True
         self.calls += 1
         return step

@@ -122,7 +122,10 @@ class GCacheSearch(io.ComfyNode):
         def progress(info):
             pbar.update_absolute(len(seed_list) + min(int(info.get("iteration", 0)), budget), budget + 1 + len(seed_list))
 
+        # What the references depend on, so that a state file made with another prompt/LoRA is not resumed.
         provenance = {"model": type(model.get_model_object("diffusion_model")).__name__, "seeds": seed_list,
+                      "inputs": _fingerprint(positive, negative, latent["samples"], sorted(map(str, model.patches)),
+                                             type(vae.first_stage_model).__name__ if hasattr(vae, "first_stage_model") else ""),
                       "steps": steps, "cfg": cfg, "sampler": sampler_name, "scheduler": scheduler,
                       "latent_shape": list(latent["samples"].shape)}
         config = SearchConfig(k=k, degree=degree, budget=budget, seed=seed, objective=objective)
@@ -136,3 +139,30 @@ class GCacheSearch(io.ComfyNode):
         policy.save(files.policy_path(folder, name))
         pbar.update_absolute(budget + 1 + len(seed_list))
         return io.NodeOutput(policy, cc.pil_to_image(plot_search(result, [float(t) for t in profile.times])))
+
+
+def _fingerprint(*items) -> str:
+    """A short hash of tensors (bytes), conditioning lists and plain values."""
+    import hashlib
+
+    import torch
+    h = hashlib.sha256()
+
+    def feed(x):
+        if torch.is_tensor(x):
+            h.update(str((tuple(x.shape), x.dtype)).encode())
+            h.update(x.detach().float().cpu().contiguous().numpy().tobytes())
+        elif isinstance(x, (list, tuple)):
+            for y in x:
+                feed(y)
+        elif isinstance(x, dict):
+            for k in sorted(x, key=str):
+                h.update(str(k).encode())
+                feed(x[k])
+        elif x is None or isinstance(x, (bool, int, float, str)):
+            h.update(repr(x).encode())
+        else:  # objects (control nets, hooks): their repr holds memory addresses, so only their type counts
+            h.update(type(x).__name__.encode())
+    for item in items:
+        feed(item)
+    return h.hexdigest()[:16]

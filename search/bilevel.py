@@ -122,7 +122,7 @@ def load_state(path: str) -> dict:
     try:
         with open(path, "r", encoding="utf-8") as f:
             state = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise GCacheError(f"The search state {path} is unreadable or damaged ({e}). It was left as it is: delete it "
                           "to start the search over, or choose another state file name.") from None
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
@@ -132,14 +132,34 @@ def load_state(path: str) -> dict:
         raise GCacheError(f"{name} has search-state version {state.get('version')!r}; this GCache reads "
                           f"{STATE_VERSION}. Delete it to search again, or use the GCache version that wrote it.")
     try:
-        for h in state["history"]:
-            if not (isinstance(h["s"], list) and isinstance(h["mask"], str) and math.isfinite(float(h["loss"]))):
-                raise ValueError("bad history entry")
+        dim = int(state["config"]["degree"]) + 1
+        n = int(state["profile"]["n_steps"])
+
+        def number(v) -> bool:
+            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+        def mask_ok(m) -> bool:
+            return isinstance(m, str) and len(m) == n and not set(m) - {"0", "1"} and m[0] == "1"
+
+        if not isinstance(state["history"], list) or not isinstance(state["masks"], dict):
+            raise ValueError("bad history or masks")
+        for j, h in enumerate(state["history"]):
+            if not (isinstance(h, dict) and h.get("i") == j and isinstance(h["s"], list) and len(h["s"]) == dim
+                    and all(number(v) for v in h["s"]) and mask_ok(h["mask"]) and number(h["loss"])):
+                raise ValueError(f"bad history entry {j}")
         for key, m in state["masks"].items():
-            if set(key) - {"0", "1"} or not math.isfinite(float(m["loss"])):
+            if not (mask_ok(key) and isinstance(m, dict) and number(m["loss"])):
                 raise ValueError("bad mask entry")
-        str(state["fingerprint"]), dict(state["config"])
-    except (KeyError, TypeError, ValueError) as e:
+        theta = state["gp"]["theta"]
+        if theta is not None and not (isinstance(theta, list) and len(theta) == dim + 2 and all(number(v) for v in theta)):
+            raise ValueError("bad GP hyperparameters")
+        if not isinstance(state["done"], bool) or (state["done"] and not (
+                isinstance(state["final"], dict) and mask_ok(state["final"].get("mask"))
+                and number(state["final"].get("loss")))):
+            raise ValueError("bad final entry")
+        if not isinstance(state["fingerprint"], str):
+            raise ValueError("bad fingerprint")
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise GCacheError(f"{name} is damaged ({e!r}). It was left untouched: delete it to start the search over.") from None
     return state
 

@@ -79,6 +79,21 @@ def test_branch_keys_from_cond_or_uncond():
     assert branch_keys({}) == ["all"] and branch_keys(None) == ["all"]
 
 
+def test_branch_keys_follow_cond_uuids_across_separate_calls():
+    """Two positive conds run in separate calls (e.g. different token lengths) must not share one cache."""
+    names: dict = {}
+    a = branch_keys({"cond_or_uncond": [0], "uuids": ["A"]}, names)
+    b = branch_keys({"cond_or_uncond": [0], "uuids": ["B"]}, names)
+    u = branch_keys({"cond_or_uncond": [1], "uuids": ["N"]}, names)
+    assert a != b and a == [(0, 0)] and b == [(0, 1)] and u == [(1, 0)]
+    assert branch_keys({"cond_or_uncond": [1, 0, 0], "uuids": ["N", "B", "A"]}, names) == [(1, 0), (0, 1), (0, 0)]
+    assert branch_keys({"cond_or_uncond": [0, 0], "uuids": ["A", "A"]}, names) == [(0, 0), (0, 0, 1)]
+    # the second sampler of a split schedule: new uuids, same order of first appearance -> same names
+    names2: dict = {}
+    assert branch_keys({"cond_or_uncond": [0], "uuids": ["A2"]}, names2) == [(0, 0)]
+    assert branch_keys({"cond_or_uncond": [0], "uuids": ["B2"]}, names2) == [(0, 1)]
+
+
 # ------------------------------------------------------------------------------------------- fake loops
 def make_blocks(n, seed):
     g = torch.Generator().manual_seed(seed)

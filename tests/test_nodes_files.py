@@ -35,6 +35,7 @@ def test_resolve_in_refuses_anything_outside(tmp_path):
 def _run_profile(value):
     p = Profile.empty([1.0, 0.5], meta={"family": "flux"})
     p.e_sum[:] = value
+    np.fill_diagonal(p.e_sum, 0.0)  # E[i, i] = 0 always: a profile file with another diagonal is refused
     p.count = 1
     p.meta["runs"] = 1
     return p
@@ -44,7 +45,7 @@ def test_merge_into_file_accumulates_and_keeps_file_on_bad_merge(tmp_path):
     path = str(tmp_path / "x.profile.safetensors")
     files.merge_into_file(path, _run_profile(1.0))
     total = files.merge_into_file(path, _run_profile(3.0))
-    assert total.count == 2 and total.meta["runs"] == 2 and np.allclose(Profile.load(path).E, 2.0)
+    assert total.count == 2 and total.meta["runs"] == 2 and np.allclose(Profile.load(path).E, [[0, 2.0], [2.0, 0]])
     before = open(path, "rb").read()
     other = Profile.empty([1.0, 0.6, 0.3], meta={"family": "flux"})
     other.count = 1

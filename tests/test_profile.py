@@ -146,3 +146,23 @@ def test_merge_refuses_other_step_count_schedule_or_model():
         a.merge(Profile.empty([1.0, 0.5, 0.2], meta={"model": "wan"}))
     with pytest.raises(GCacheError, match="no complete run"):
         _ = a.E
+
+
+def test_edited_metadata_and_values_are_refused():
+    import json as _json
+    from safetensors.torch import load, save
+    rec = ProfileRecorder([1.0, 0.5])
+    for i in range(2):
+        rec.record(i, "c", torch.ones(1, 2, 2), torch.full((1, 2, 2), float(i)))
+    good = rec.finish().to_bytes()
+    tensors = load(good)
+    header = _json.loads(good[8:8 + int.from_bytes(good[:8], "little")])["__metadata__"]
+
+    def variant(meta=None, **arrays):
+        t = dict(tensors, **arrays)
+        return save(t, metadata=dict(header, **(meta or {})))
+    for bad in (variant({"meta": "[1, 2]"}), variant({"meta": "null"}), variant({"meta": '{"runs": "abc"}'}),
+                variant(e_sum=-tensors["e_sum"]), variant(e_sum=tensors["e_sum"] + 1.0),
+                variant({"count": "0"})):
+        with pytest.raises(GCacheError, match="inconsistent"):
+            Profile.from_bytes(bad)

@@ -191,3 +191,29 @@ def test_larger_budget_continues_a_finished_search(tmp_path):
     ev = Evaluator(prof)
     res = run_search(prof, SearchConfig(**dict(CFG, budget=20)), ev, state_path=path)
     assert len(res.history) == 20 and len(ev.calls) <= 5 and res.state["done"]
+
+
+@pytest.mark.parametrize("edit", [
+    lambda st: st["gp"].__setitem__("theta", [0.1]),                  # wrong number of hyperparameters
+    lambda st: st.pop("gp"),
+    lambda st: st["history"][0].__setitem__("s", [1.0]),              # s of another degree
+    lambda st: st["history"][1].pop("i"),
+    lambda st: st["history"][0].__setitem__("loss", "0.5"),
+    lambda st: st["history"][0].__setitem__("mask", "01"),
+    lambda st: st.__setitem__("masks", []),
+    lambda st: st.__setitem__("history", {}),
+    lambda st: st.update(done=True, final=None),
+])
+def test_hand_edited_state_is_refused_and_kept(tmp_path, edit):
+    """The fingerprint still matches, so only the content check stands between a bad edit and a crash."""
+    prof, path, _ = _partial_state(tmp_path)
+    with open(path) as f:
+        state = json.load(f)
+    edit(state)
+    with open(path, "w") as f:
+        json.dump(state, f)
+    with open(path, "rb") as f:
+        before = f.read()
+    with pytest.raises(GCacheError, match="damaged"):
+        run_search(prof, SearchConfig(**CFG), Evaluator(prof), state_path=path)
+    assert _unchanged(path, before)

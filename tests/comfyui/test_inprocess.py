@@ -21,6 +21,7 @@ import tiny_models as tm  # noqa: E402
 
 from gcache.core.errors import GCacheError  # noqa: E402
 from gcache.core.policy import Policy  # noqa: E402
+from gcache.core.profile import Profile  # noqa: E402
 from gcache.nodes import hooks, search_node  # noqa: E402
 from gcache.nodes.apply_node import GCacheApply  # noqa: E402
 from gcache.nodes.search_node import GCacheSearch  # noqa: E402
@@ -189,3 +190,43 @@ def test_search_finishes_tiny_budget_and_resumes_after_interrupt(built, gcache_d
     assert Policy.load(str(gcache_dir / "s1.json")).mask == policy.mask
     assert len(state["masks"]) > 1
     assert calls["n"] - (-100) == 1 + len(state["masks"]) - 1  # resumed: the earlier mask is not sampled again
+
+
+def test_conds_in_separate_calls_keep_separate_caches(built, monkeypatch):
+    """ConditioningCombine of two prompts with different token lengths: ComfyUI runs them in separate model
+    calls; each must reuse its own residual on skipped steps, not the other prompt's."""
+    from gcache.core import engine
+    m, pos, neg, lat = built["flux"]
+    g = torch.Generator().manual_seed(9)
+    other = [[torch.randn(1, pos[0][0].shape[1] + 3, pos[0][0].shape[2], generator=g),
+              {k: torch.randn(v.shape, generator=g) if torch.is_tensor(v) else v for k, v in pos[0][1].items()}]]
+    seen = []
+    original = engine.ResidualCache.enter
+
+    def spy(self, h, branches=("all",)):
+        compute = original(self, h, branches)
+        seen.append((self.step, tuple(branches), compute))
+        return compute
+    monkeypatch.setattr(engine.ResidualCache, "enter", spy)
+    ksample(apply(m, [1, 0, 1, 0, 0, 1]), pos + other, neg, lat)
+    by_step: dict = {}
+    for step, keys, compute in seen:
+        by_step.setdefault(step, []).append(keys)
+    assert all(len(calls) == 2 for calls in by_step.values())       # really two calls per step
+    assert all(calls[0] != calls[1] for calls in by_step.values())  # ... with two caches
+    assert not any(compute for step, _, compute in seen if step in (1, 3, 4))  # and the skips still happen
+
+
+def test_denoise_below_one_uses_the_runs_own_steps(built, tmp_path, monkeypatch):
+    """KSampler denoise < 1 samples the tail of a longer schedule; Profile records it and Apply follows the
+    policy over the run's own N steps (not a remap onto the longer schedule)."""
+    from gcache.core import engine
+    m, pos, neg, lat = built["flux"]
+    path = str(tmp_path / "dn.profile.safetensors")
+    ksample(hooks.patch_model(m, hooks.make_holder(m, "profile", profile_path=path)), pos, neg, lat, denoise=0.5)
+    assert Profile.load(path).n_steps == N
+    stats = []
+    original = engine.ResidualCache.close
+    monkeypatch.setattr(engine.ResidualCache, "close", lambda self: stats.append(original(self)) or stats[-1])
+    ksample(apply(m, [1, 0, 1, 0, 1, 0]), pos, neg, lat, denoise=0.5)
+    assert (stats[-1].computed_steps, stats[-1].skipped_steps) == (3, 3)
