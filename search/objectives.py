@@ -122,6 +122,8 @@ def load_lpips(device=None, backbone_path: Optional[str] = None, verify: bool = 
         net = lpips.LPIPS(net="alex", pretrained=True, pnet_rand=True, verbose=False)
     if not random_backbone_for_tests:
         try:
+            # torchvision ships this backbone only as a .pth (a pickle in a zip): the one non-safetensors file we
+            # read. weights_only=True refuses anything but tensors (no code runs), and the sha256 was checked above.
             sd = torch.load(path, map_location="cpu", weights_only=True)
             features = {k[len("features."):]: v for k, v in sd.items() if k.startswith("features.")}
             # lpips splits AlexNet.features into slices named sliceK.<index in features>.
