@@ -75,6 +75,21 @@ def measure(h: ReferenceHarness, seeds: list[int], repeats: int) -> dict:
             "io_share": round(T_io / T, 4), "profile_peak_extra_mb": round(rec.peak_bytes / 2**20, 3)}
 
 
+def engine_call_us(h_shape=(16, 64, 64), calls: int = 1000, repeats: int = 5) -> float:
+    """The engine's own cost of one all-ones step (set_step + enter + exit, identity blocks), in µs:
+    what all-ones overhead would be without run-to-run noise."""
+    h = torch.randn(h_shape)
+    times = []
+    for _ in range(repeats):
+        with ResidualCache([1] * calls) as cache:
+            t0 = time.perf_counter()
+            for i in range(calls):
+                cache.set_step(i)
+                cache.run(h, ("cond", "uncond"), lambda x: x)
+            times.append((time.perf_counter() - t0) / calls)
+    return statistics.median(times) * 1e6
+
+
 class _Identity:
     """A 'cache' that skips every block stack: times f_in + f_out + the sampler alone (T_io)."""
 
@@ -105,7 +120,12 @@ def main(argv=None):
               f"all-ones overhead {row['overhead_all_ones'] * 100:+.2f}%, speed-up at K=N/2 {row['speedup_half']:.3f}x "
               f"vs ideal {row['ideal_half']:.3f}x (ratio {row['speedup_ratio']:.3f}, io share {row['io_share']:.3f}), "
               f"profile peak extra {row['profile_peak_extra_mb']:.2f} MB", flush=True)
-    worst = {"overhead_all_ones": max(r["overhead_all_ones"] for r in rows)}
+    us = engine_call_us()
+    step_ms = min(r["plain_s"] / r["N"] for r in rows) * 1e3
+    print(f"engine cost of one all-ones step: {us:.1f} µs = {us / 10 / step_ms:.3f} % of a {step_ms:.1f} ms step "
+          "(the run-level overhead above is mostly run-to-run noise)", flush=True)
+    worst = {"overhead_all_ones": max(r["overhead_all_ones"] for r in rows),
+             "engine_us_per_step": round(us, 2), "engine_share_of_step": round(us / 1e3 / step_ms, 5)}
     ratio_row = min(rows, key=lambda r: r["speedup_ratio"])
     worst.update(speedup_half=ratio_row["speedup_half"], ideal_half=ratio_row["ideal_half"],
                  speedup_ratio=ratio_row["speedup_ratio"],
