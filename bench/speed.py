@@ -70,6 +70,7 @@ import torch.nn.functional as F
 
 # Absolute imports: this file also runs as a script (`python bench/speed.py`); `pip install -e .` provides gcache.
 from gcache.core import ProfileRecorder, ResidualCache
+from gcache.core.profile import MAX_ELEMS, sample_stride
 from gcache.search.baselines import uniform_mask
 
 
@@ -576,13 +577,17 @@ def build(family: str, size, device, dtype, use_comfy: bool):
     return model.eval(), definition
 
 
-def predicted_profile_bytes(numel_branch: int, itemsize: int, n: int, branches: int, chunk_elems: int = 1 << 25) -> dict:
-    s = numel_branch * itemsize
-    r = max(1, chunk_elems // max(1, numel_branch))
-    r = min(r, n)
+def predicted_profile_bytes(numel_branch: int, itemsize: int, n: int, branches: int, chunk_elems: int = 1 << 25,
+                            width: int = 1, max_elems: Optional[int] = MAX_ELEMS) -> dict:
+    """core/profile.py's memory model: history and previous h of m sampled elements per branch, the batch's δ,
+    and the row temporaries (m = numel up to max_elems, else every stride-th element)."""
+    m = len(range(0, numel_branch, sample_stride(numel_branch, width, max_elems)))
+    s, full = m * itemsize, numel_branch * itemsize
+    r = min(max(1, chunk_elems // max(1, m)), n)
     hist = branches * n * s
-    return {"history": hist, "prev_h": branches * s, "delta_batch": branches * s, "row_temps": 2 * r * s,
-            "total": hist + branches * s + branches * s + 2 * r * s}
+    # Row temporaries: the difference block, plus its copy from the host when the history is offloaded.
+    return {"history": hist, "prev_h": branches * s, "delta_batch": branches * full, "row_temps": 2 * r * s,
+            "total": hist + branches * s + branches * full + 2 * r * s}
 
 
 def real_size_predictions() -> list:
@@ -593,7 +598,7 @@ def real_size_predictions() -> list:
     wan_numel = w.frames * (w.lat_h // 2) * (w.lat_w // 2) * w.width
     for name, numel, b, n in (("flux-dev 1024² bf16", flux_numel, 1, 30), ("wan2.1-1.3B 81f 480p bf16", wan_numel, 2, 30),
                               ("wan2.1-1.3B 81f 480p bf16", wan_numel, 2, 50)):
-        p = predicted_profile_bytes(numel, 2, n, b)
+        p = predicted_profile_bytes(numel, 2, n, b, width=f.width if name.startswith("flux") else w.width)
         rows.append((name, n, b, numel * 2, p))
     return rows
 

@@ -1,8 +1,10 @@
 """Profile: residual errors E[i, j] = mean |δ_i − δ_j| over full-compute runs, plus local indicators.
 
 Memory model of the recorder (per branch of a run, measured by bench/engine.py and bench/speed.py):
-- the residual history, N × numel(δ) in δ's dtype, lives on `history_device` (default: δ's own device;
-  "cpu" offloads it and streams it back in chunks for each new row),
+- the residual history, N × m in δ's dtype, on `history_device` (default: δ's own device; "cpu" offloads
+  it, pinned, and streams it back in chunks for each new row). m = numel(δ) up to `max_elems` (default 2^25);
+  beyond that every s-th element is kept (s = ⌈numel / max_elems⌉, coprime with the channel count), and E,
+  still a mean, is estimated on that sample,
 - one copy of the previous block input h (for the rel-L1 change of h),
 - a temporary of at most `chunk_elems` elements while a row of E is computed (plus flattened copies of h and δ
   when the model hands over non-contiguous token views, e.g. Wan's transposed patch embedding).
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Hashable, Optional, Sequence
@@ -32,6 +35,9 @@ log = logging.getLogger("gcache")
 
 PROFILE_FORMAT = "gcache.profile"
 PROFILE_VERSION = 1
+# Residual elements kept per step and branch (2^25 = 64 MiB in bf16). Flux at 1024² (12.6 M) is recorded
+# exactly; larger residuals (video: Wan 1.3B 81 frames 480p has 50 M, Wan 14B 720p ~384 M) are sampled.
+MAX_ELEMS = 1 << 25
 _TENSORS = ("e_sum", "delta_norm_sum", "rel_delta_sum", "rel_h_sum", "times", "sigmas")
 
 
@@ -166,13 +172,30 @@ def _read_st_metadata(data: bytes) -> dict:
     return dict(header.get("__metadata__") or {})
 
 
+def sample_stride(numel: int, last_dim: int, max_elems: Optional[int]) -> int:
+    """Every stride-th element of a flattened residual, so that at most max_elems are kept per step.
+
+    The stride is coprime with the channel dimension, so the sample cycles through every channel and token
+    (a systematic sample; E, ‖δ‖ and the rel-L1 values are means, so it estimates them without bias in the
+    channel mix). 1 = exact.
+    """
+    if not max_elems or numel <= max_elems:
+        return 1
+    stride = -(-numel // max_elems)
+    while math.gcd(stride, max(1, int(last_dim))) != 1:
+        stride += 1
+    return stride
+
+
 class _BranchHistory:
     """Residual history of one branch in one run; fills one row of E per recorded step."""
 
-    def __init__(self, n_steps: int, delta: torch.Tensor, history_device: Optional[torch.device], chunk_elems: int):
+    def __init__(self, n_steps: int, delta: torch.Tensor, history_device: Optional[torch.device], chunk_elems: int,
+                 max_elems: Optional[int]):
         self.device = delta.device
         hist_dev = history_device or delta.device
-        self.numel = delta.numel()
+        self.stride = sample_stride(delta.numel(), delta.shape[-1], max_elems)
+        self.numel = len(range(0, delta.numel(), self.stride))
         # Offloaded next to a GPU: pinned, so copies in and out run asynchronously on the compute stream.
         pin = torch.device(hist_dev).type == "cpu" and delta.device.type == "cuda"
         self.hist = torch.empty((n_steps, self.numel), dtype=delta.dtype, device=hist_dev, pin_memory=pin)
@@ -185,7 +208,7 @@ class _BranchHistory:
         self.shape = tuple(delta.shape)
 
     def add(self, step: int, h: torch.Tensor, delta: torch.Tensor) -> None:
-        d = delta.reshape(-1)
+        d = delta.reshape(-1)[::self.stride]
         self.norms[step] = d.abs().mean(dtype=torch.float32)
         done = [i for i in range(step) if self.recorded[i]]
         for a in range(0, len(done), self.rows_per_chunk):
@@ -196,7 +219,7 @@ class _BranchHistory:
             self.rows[step, idx] = vals
             self.rows[idx, step] = vals
         self.hist[step].copy_(d, non_blocking=True)
-        hf = h.reshape(-1)
+        hf = h.reshape(-1)[::self.stride]
         if self.prev_h is not None:
             self.rel_h[step] = (hf - self.prev_h).abs().mean(dtype=torch.float32) / \
                 self.prev_h.abs().mean(dtype=torch.float32).clamp_min(1e-12)
@@ -217,13 +240,15 @@ class ProfileRecorder:
     """
 
     def __init__(self, times: Sequence[float], sigmas: Optional[Sequence[float]] = None, meta: Optional[dict] = None,
-                 history_device: Optional[str | torch.device] = None, chunk_elems: int = 1 << 25):
+                 history_device: Optional[str | torch.device] = None, chunk_elems: int = 1 << 25,
+                 max_elems: Optional[int] = MAX_ELEMS):
         self.times = list(times)
         self.sigmas = list(sigmas) if sigmas is not None else list(times)
         self.n_steps = len(self.times)
         self.meta = dict(meta or {})
         self.history_device = torch.device(history_device) if history_device is not None else None
         self.chunk_elems = chunk_elems
+        self.max_elems = max_elems
         self.branches: dict[Hashable, _BranchHistory] = {}
         self.peak_bytes = 0
 
@@ -232,11 +257,11 @@ class ProfileRecorder:
             raise GCacheError(f"Profile got step {step} but was set up for {self.n_steps} steps.")
         b = self.branches.get(branch)
         if b is None:
-            b = self.branches[branch] = _BranchHistory(self.n_steps, delta, self.history_device, self.chunk_elems)
+            b = self.branches[branch] = _BranchHistory(self.n_steps, delta, self.history_device, self.chunk_elems, self.max_elems)
         elif tuple(delta.shape) != b.shape:
             log.warning("GCache Profile: the residual shape of branch %r changed from %s to %s mid-run; "
                         "restarting this branch's history.", branch, b.shape, tuple(delta.shape))
-            b = self.branches[branch] = _BranchHistory(self.n_steps, delta, self.history_device, self.chunk_elems)
+            b = self.branches[branch] = _BranchHistory(self.n_steps, delta, self.history_device, self.chunk_elems, self.max_elems)
         if b.recorded[step]:
             return  # extra evaluations of a multi-evaluation sampler step: the first one represents the step
         b.add(step, h.detach(), delta.detach())
@@ -246,6 +271,9 @@ class ProfileRecorder:
         """This run as a Profile (count = complete branches). Raises on NaN/Inf; frees the history."""
         prof = Profile.empty(self.times, self.sigmas, self.meta)
         prof.meta["runs"] = 1
+        strides = {b.stride for b in self.branches.values()}
+        if strides - {1}:
+            prof.meta["sample_stride"] = max(strides)  # E was estimated on every stride-th residual element
         try:
             for key, b in self.branches.items():
                 if not all(b.recorded):

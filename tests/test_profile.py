@@ -166,3 +166,21 @@ def test_edited_metadata_and_values_are_refused():
                 variant({"count": "0"})):
         with pytest.raises(GCacheError, match="inconsistent"):
             Profile.from_bytes(bad)
+
+
+def test_large_residuals_are_sampled_and_E_stays_close(tiny_model):
+    """Above max_elems the recorder keeps every s-th element (s coprime with the width): memory shrinks by s,
+    E is the same mean on the sample, close to the exact one."""
+    from gcache.core.profile import sample_stride
+    assert sample_stride(100, 8, None) == 1 and sample_stride(100, 8, 100) == 1
+    assert sample_stride(1000, 8, 300) == 5          # ⌈1000/300⌉ = 4 shares a factor with 8 → 5
+    exact = profile_run(tiny_model, [3], max_elems=None)
+    sampled = profile_run(tiny_model, [3], max_elems=700)
+    numel = tiny_model.tokens * tiny_model.cfg.width  # batch 1 per branch
+    s = sample_stride(numel, tiny_model.cfg.width, 700)
+    assert s > 1 and sampled.peak_bytes * s <= exact.peak_bytes * 1.01
+    a, b = exact.finish(), sampled.finish()
+    assert b.meta["sample_stride"] == s and "sample_stride" not in a.meta
+    off = ~np.eye(N, dtype=bool)
+    assert np.allclose(a.E[off], b.E[off], rtol=0.15)
+    assert np.corrcoef(a.E[off], b.E[off])[0, 1] > 0.97
