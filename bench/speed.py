@@ -517,10 +517,14 @@ class Bench:
         skip.set_step(0)
         skip.run(h, m.branches, lambda hh: z)  # stores δ (next step is skipped)
         skip.set_step(1)
+        store = ResidualCache([1, 0])  # a computed step whose δ is kept: snapshot of h, δ into it, store
+        store.set_step(0)
         fns = {"f_in": lambda: m.f_in(x, t, **extra), "blocks": lambda: m.blocks(h, st), "f_out": lambda: m.f_out(z, st),
                "update": lambda: x + 0.1 * x,
                "engine_all_ones_call": lambda: ones.run(h, m.branches, lambda hh: z),
                "engine_skip_call": lambda: skip.run(h, m.branches, lambda hh: z),
+               "engine_store_call": lambda: store.run(h, m.branches, lambda hh: z),
+               "h_snapshot": lambda: h.clone(),
                "delta_z_minus_h": lambda: z - h, "h_plus_delta": lambda: h + delta,
                "profile_record_mean": lambda: self._record_all(h, delta)}
         out = {}
@@ -537,6 +541,7 @@ class Bench:
         out["profile_record_mean"] /= self.n  # that piece recorded all N steps
         ones.close()
         skip.close()
+        store.close()
         return out
 
     def _record_all(self, h, delta) -> None:
@@ -698,6 +703,9 @@ def measure(family: str, args) -> dict:
               f"profile record cost per step (mean over N) / T = {pieces['profile_record_mean'] / T * 100:.3f} %; "
               f"skip call (enter + cat + h+δ) {pieces['engine_skip_call'] * 1e3:.3f} ms vs one add h+δ "
               f"{pieces['h_plus_delta'] * 1e3:.3f} ms")
+        print(f"  snapshot of h on entry (in-place-safe δ, on computed steps whose δ is kept): "
+              f"{pieces['h_snapshot'] * 1e3:.3f} ms = {pieces['h_snapshot'] / T * 100:.3f} % of T; such a step's "
+              f"engine call {pieces['engine_store_call'] * 1e3:.3f} ms vs z − h alone {pieces['delta_z_minus_h'] * 1e3:.3f} ms")
     itemsize = torch.empty((), dtype=dtype).element_size()
     if numel is not None:
         b = len(model.branches)
@@ -720,6 +728,8 @@ def measure(family: str, args) -> dict:
             "speedup_half": round(pr["sp_half"][0], 4), "ideal_half": round(pr["ideal_half"][0], 4),
             "speedup_third": round(pr["sp_third"][0], 4), "ideal_third": round(pr["ideal_third"][0], 4),
             "recorder_peak_gb": round(gb(rec_peak), 6), "apply_cache_gb": round(gb(apply_bytes), 6),
+            **({"snapshot_ms": round(pieces["h_snapshot"] * 1e3, 4),
+                "snapshot_share": round(pieces["h_snapshot"] / T, 6)} if pieces else {}),
             "date": time.strftime("%Y-%m-%d")}
 
 

@@ -160,13 +160,19 @@ class ResidualCache:
             else:
                 self.stats.skipped_steps += 1
         self.stats.stack_calls += 1
-        self._pending = (h, keys, chunks, compute, forced, meta)
+        # δ = z − h needs h as it was on entry, and some families' blocks add into their input in place (LTXV
+        # `x +=`, Chroma `addcmul_`). Snapshot it (one tensor per branch), but only on steps whose δ is kept or
+        # recorded; each snapshot then becomes its branch's stored δ (subtracted into in place), so the fix
+        # costs one copy of h on those steps and no memory beyond the δ that is kept anyway.
+        keep = compute and ((self.recorder is not None and step is not None) or self._must_store(step, forced))
+        snaps = [c.clone() for c in (h.chunk(chunks, 0) if chunks > 1 else (h,))] if keep else None
+        self._pending = (h, snaps, keys, chunks, compute, forced, meta)
         return compute
 
     def exit(self, z: Optional[torch.Tensor]) -> torch.Tensor:
         if self._pending is None:
             raise RuntimeError("ResidualCache.exit() without enter().")
-        h, keys, chunks, compute, forced, meta = self._pending
+        h, snaps, keys, chunks, compute, forced, meta = self._pending
         self._pending = None
         step = self.step
         if compute:
@@ -175,15 +181,15 @@ class ResidualCache:
                                   f"{tuple(h.shape)}: the family adapter marks the wrong tokens as image tokens.")
             for k in keys:
                 self.stats.block_runs[k] = self.stats.block_runs.get(k, 0) + 1
-            record = self.recorder is not None and step is not None
-            if record or self._must_store(step, forced):
-                delta = z - h
-                parts = delta.chunk(chunks, 0) if chunks > 1 else (delta,)
-                hparts = h.chunk(chunks, 0) if chunks > 1 else (h,)
-                for k, d, hp in zip(keys, parts, hparts):
+            if snaps is not None:
+                record = self.recorder is not None and step is not None
+                store = self._must_store(step, forced)
+                for k, zp, hp in zip(keys, z.chunk(chunks, 0) if chunks > 1 else (z,), snaps):
+                    # the recorder also reads h; otherwise δ overwrites the snapshot (it is ours alone)
+                    d = zp - hp if record else torch.sub(zp, hp, out=hp)
                     if record:
                         self.recorder.record(step, k, hp, d)
-                    if self._must_store(step, forced):
+                    if store:
                         self._store(k, d, meta)
             return z
         parts = [self._deltas[k] for k in keys]
@@ -201,9 +207,13 @@ class ResidualCache:
         try:
             z = blocks(h) if self.enter(h, branches) else None
         except BaseException:
-            self._pending = None
+            self.abort()
             raise
         return self.exit(z)
+
+    def abort(self) -> None:
+        """Forget a stack entered but never left (its blocks raised): no half-entered state, no snapshot held."""
+        self._pending = None
 
     # ------------------------------------------------------------------ storage
     def _split_keys(self, h: torch.Tensor, branches: Sequence[Hashable]):
@@ -216,10 +226,8 @@ class ResidualCache:
         old = self._deltas.get(key)
         if self.cache_device is not None and delta.device != self.cache_device:
             delta = delta.to(self.cache_device, non_blocking=False)
-        elif delta._base is not None:
-            # A batch chunk is a view: copy it so it doesn't pin the whole batch. clone() keeps h's memory
-            # layout (e.g. Wan's transposed tokens), so the skip-step add runs on matching strides.
-            delta = delta.clone()
+        # δ is the branch's own snapshot of h (clone() kept h's memory layout, e.g. Wan's transposed tokens),
+        # so the skip-step add runs on matching strides and no view pins a whole batch.
         self._deltas[key] = delta
         self._meta[key] = meta
         self.stats.bytes_held += delta.numel() * delta.element_size() - (0 if old is None else old.numel() * old.element_size())

@@ -1,26 +1,36 @@
 """Family adapters: where the block stack starts and ends, and which tokens carry the image. Data first.
 
-No ComfyUI import: a diffusion model is recognised by the exact name of a class in its MRO (so Wan's
-VACE/Camera/S2V subclasses find the Wan entry), never by substrings. Facts per family:
-research/comfyui-internals.md §4.
-
-Routes:
-- "dit":    ComfyUI's `patches_replace["dit"]` block patches (the block loop asks for them).
-- "object": models whose loop has no replace hook get each block's `forward` swapped by an object patch
-            (ModelPatcher.add_object_patch, restored when the model is unpatched).
-- fallback: any other model caches the whole model output difference (denoised − x) at APPLY_MODEL.
-
-Layouts: where a block's image tokens sit in the tensor it passes on —
-"img" the tensor is image tokens only; "txt_first" cat(txt, img) (Flux/Chroma single blocks);
-"img_first" cat(img, txt) (HunyuanVideo/HiDream single blocks); "all" every token is cached (Lumina2's
-joint [caption, image] stream, Cosmos): caching more tokens than needed costs memory, not correctness.
+No ComfyUI import: a diffusion model is recognised by the module and name of a class in its MRO
+(`comfy.ldm.flux.model.Flux`), so Wan's VACE/Camera/S2V subclasses find the Wan entry and AuraFlow's `MMDiT`
+(comfy.ldm.aura.mmdit) is not taken for SD3's (comfy.ldm.modules.diffusionmodules.mmdit). Facts per family:
+research/comfyui-internals.md §4; each entry is verified in ComfyUI's own classes by tests/comfyui.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from enum import Enum
 from typing import Optional, Union
 
 import torch
+
+log = logging.getLogger("gcache")
+
+
+class Route(str, Enum):
+    DIT = "dit"            # ComfyUI's `patches_replace["dit"]` block patches (the block loop asks for them)
+    OBJECT = "object"      # no replace hook in the loop: each block's `forward` is swapped by an object patch
+    #                        (ModelPatcher.add_object_patch, restored when the model is unpatched)
+    FALLBACK = "fallback"  # any other model: the whole model output difference (denoised − x) at APPLY_MODEL
+
+
+class Layout(str, Enum):
+    """Where a block's image tokens sit in the tensor it passes on."""
+    IMG = "img"              # image tokens only
+    TXT_FIRST = "txt_first"  # cat(txt, img): Flux/Chroma/AuraFlow single blocks
+    IMG_FIRST = "img_first"  # cat(img, txt): HunyuanVideo/HiDream single blocks
+    ALL = "all"              # every token is cached (Lumina2's joint stream, Cosmos): more memory, still correct
+
 
 Arg = Union[int, str]  # where an object-patched block finds its tokens: positional index or keyword
 
@@ -29,7 +39,7 @@ Arg = Union[int, str]  # where an object-patched block finds its tokens: positio
 class Stack:
     key: str                 # dit replace name ("double_block") or, for object patches, a label
     attr: str                # attribute of the diffusion model holding the blocks (ModuleList/ModuleDict)
-    layout: str              # where the image tokens are in what these blocks pass on
+    layout: Layout           # where the image tokens are in what these blocks pass on
     arg: Arg = 0             # object route: the blocks' token argument
     skip_attr: Optional[str] = None  # blocks listed here are never called (Chroma's skip_mmdit/skip_dit)
     returns_text: Optional[str] = None  # object route: the block returns (image, <this keyword's tensor>)
@@ -38,49 +48,79 @@ class Stack:
 @dataclass(frozen=True)
 class Adapter:
     name: str
-    classes: tuple
-    route: str                       # "dit" | "object" | "fallback"
+    classes: tuple           # "module.Class" of the model classes (or bases) this entry serves
+    route: Route
     stacks: tuple = ()
-    batch_dim: int = 0               # Cosmos 1 keeps tokens as T H W B D
+    batch_dim: int = 0       # Cosmos 1 keeps tokens as T H W B D
     notes: str = ""
 
 
-_FLUX = (Stack("double_block", "double_blocks", "img"), Stack("single_block", "single_blocks", "txt_first"))
-_CHROMA = (Stack("double_block", "double_blocks", "img", skip_attr="skip_mmdit"),
-           Stack("single_block", "single_blocks", "txt_first", skip_attr="skip_dit"))
+IMG, TXT_FIRST, IMG_FIRST, ALL = Layout.IMG, Layout.TXT_FIRST, Layout.IMG_FIRST, Layout.ALL
+_FLUX = (Stack("double_block", "double_blocks", IMG), Stack("single_block", "single_blocks", TXT_FIRST))
+_CHROMA = (Stack("double_block", "double_blocks", IMG, skip_attr="skip_mmdit"),
+           Stack("single_block", "single_blocks", TXT_FIRST, skip_attr="skip_dit"))
+_LDM = "comfy.ldm."
 
 ADAPTERS = (
-    Adapter("flux", ("Flux",), "dit", _FLUX, notes="Kontext reference latents are image tokens too"),
-    Adapter("chroma", ("Chroma", "ChromaRadiance"), "dit", _CHROMA),
-    Adapter("hunyuan_video", ("HunyuanVideo",), "dit",
-            (Stack("double_block", "double_blocks", "img"), Stack("single_block", "single_blocks", "img_first"))),
-    Adapter("wan", ("WanModel",), "dit", (Stack("double_block", "blocks", "img"),),
+    Adapter("flux", (_LDM + "flux.model.Flux",), Route.DIT, _FLUX,
+            notes="Kontext reference latents are image tokens too"),
+    Adapter("chroma", (_LDM + "chroma.model.Chroma",), Route.DIT, _CHROMA,
+            notes="Chroma Radiance subclasses Chroma; its blocks add into their input in place"),
+    Adapter("hunyuan_video", (_LDM + "hunyuan_video.model.HunyuanVideo",), Route.DIT,
+            (Stack("double_block", "double_blocks", IMG), Stack("single_block", "single_blocks", IMG_FIRST))),
+    Adapter("wan", (_LDM + "wan.model.WanModel",), Route.DIT, (Stack("double_block", "blocks", IMG),),
             notes="VACE hints / S2V audio are added between blocks; on skipped steps they enter through δ"),
-    Adapter("ltxv", ("LTXVModel",), "dit", (Stack("double_block", "transformer_blocks", "img"),)),
-    Adapter("qwen_image", ("QwenImageTransformer2DModel",), "dit",
-            (Stack("double_block", "transformer_blocks", "img"),)),
-    Adapter("sd3", ("MMDiT",), "dit", (Stack("double_block", "joint_blocks", "img"),)),
-    Adapter("lumina2", ("NextDiT",), "object", (Stack("layer", "layers", "all", arg=0),),
+    Adapter("ltxv", (_LDM + "lightricks.model.LTXVModel",), Route.DIT,
+            (Stack("double_block", "transformer_blocks", IMG),), notes="blocks add into their input in place"),
+    Adapter("qwen_image", (_LDM + "qwen_image.model.QwenImageTransformer2DModel",), Route.DIT,
+            (Stack("double_block", "transformer_blocks", IMG),)),
+    Adapter("sd3", (_LDM + "modules.diffusionmodules.mmdit.MMDiT",), Route.DIT,
+            (Stack("double_block", "joint_blocks", IMG),)),
+    Adapter("auraflow", (_LDM + "aura.mmdit.MMDiT",), Route.DIT,
+            (Stack("double_block", "double_layers", IMG), Stack("single_block", "single_layers", TXT_FIRST))),
+    Adapter("lumina2", (_LDM + "lumina.model.NextDiT",), Route.OBJECT, (Stack("layer", "layers", ALL, arg=0),),
             notes="Lumina2 / Z-Image: joint [caption, image] stream cached whole"),
-    Adapter("hidream", ("HiDreamImageTransformer2DModel",), "object",
-            (Stack("double_stream", "double_stream_blocks", "img", arg="image_tokens", returns_text="text_tokens"),
-             Stack("single_stream", "single_stream_blocks", "img_first", arg="image_tokens"))),
-    Adapter("cosmos_predict2", ("MiniTrainDIT",), "object", (Stack("block", "blocks", "all", arg=0),)),
-    Adapter("cosmos", ("GeneralDIT",), "object", (Stack("block", "blocks", "all", arg=0),), batch_dim=3,
-            notes="Cosmos 1 adds a position term before every block; it enters through δ on skipped steps"),
+    Adapter("hidream", (_LDM + "hidream.model.HiDreamImageTransformer2DModel",), Route.OBJECT,
+            (Stack("double_stream", "double_stream_blocks", IMG, arg="image_tokens", returns_text="text_tokens"),
+             Stack("single_stream", "single_stream_blocks", IMG_FIRST, arg="image_tokens"))),
+    Adapter("cosmos_predict2", (_LDM + "cosmos.predict2.MiniTrainDIT",), Route.OBJECT,
+            (Stack("block", "blocks", ALL, arg=0),)),
+    Adapter("cosmos", (_LDM + "cosmos.model.GeneralDIT",), Route.OBJECT, (Stack("block", "blocks", ALL, arg=0),),
+            batch_dim=3, notes="Cosmos 1 adds a position term before every block; it enters through δ on skipped steps"),
 )
 
-FALLBACK = Adapter("whole-model fallback", (), "fallback",
+FALLBACK = Adapter("whole-model fallback", (), Route.FALLBACK,
                    notes="unknown model: caches the whole model output difference (denoised − x)")
 
 
+def qualified_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def find_adapter(diffusion_model) -> Adapter:
-    """The adapter of the first class in the model's MRO that the table names exactly, else FALLBACK."""
+    """The adapter of the first class in the model's MRO that the table names (module and class), else
+    FALLBACK. Table lookup only: `choose_adapter` also checks that the blocks are there."""
     for cls in type(diffusion_model).__mro__:
+        name = qualified_name(cls)
         for a in ADAPTERS:
-            if cls.__name__ in a.classes:
+            if name in a.classes:
                 return a
     return FALLBACK
+
+
+def choose_adapter(diffusion_model) -> Adapter:
+    """The family adapter if its blocks are where the table says, else FALLBACK with a warning: a family
+    adapter that patches no block would silently do nothing."""
+    ad = find_adapter(diffusion_model)
+    if ad.route == Route.FALLBACK:
+        log.info("GCache: %s has no family adapter; using the %s (%s).", qualified_name(type(diffusion_model)),
+                 ad.name, ad.notes)
+    elif not block_slots(ad, diffusion_model):
+        log.warning("GCache: %s looks like %s but has none of its blocks (%s); using the %s instead.",
+                    qualified_name(type(diffusion_model)), ad.name, ", ".join(st.attr for st in ad.stacks),
+                    FALLBACK.name)
+        return FALLBACK
+    return ad
 
 
 @dataclass(frozen=True)
@@ -109,7 +149,7 @@ def block_slots(adapter: Adapter, diffusion_model) -> list[BlockSlot]:
 
 def io_share(adapter: Adapter, diffusion_model) -> float:
     """Share of a step's cost outside the block stack, estimated by parameter count (0 for the fallback)."""
-    if adapter.route == "fallback":
+    if adapter.route == Route.FALLBACK:
         return 0.0
     total = sum(p.numel() for p in diffusion_model.parameters())
     inside = sum(p.numel() for st in adapter.stacks if getattr(diffusion_model, st.attr, None) is not None
@@ -118,20 +158,20 @@ def io_share(adapter: Adapter, diffusion_model) -> float:
 
 
 # ---------------------------------------------------------------------------------------------- token layout
-def take_image(t: torch.Tensor, layout: str, n_img: int) -> torch.Tensor:
+def take_image(t: torch.Tensor, layout: Layout, n_img: int) -> torch.Tensor:
     """The image tokens of a block stream (n_img = image tokens at the stack's entry)."""
-    if layout == "txt_first":
+    if layout == TXT_FIRST:
         return t[:, t.shape[1] - n_img:]
-    if layout == "img_first":
+    if layout == IMG_FIRST:
         return t[:, :n_img]
     return t
 
 
-def put_image(t: torch.Tensor, layout: str, z: torch.Tensor) -> torch.Tensor:
+def put_image(t: torch.Tensor, layout: Layout, z: torch.Tensor) -> torch.Tensor:
     """`t` with its image tokens replaced by z (text tokens kept as they are)."""
     n = z.shape[1]
-    if layout == "txt_first":
+    if layout == TXT_FIRST:
         return torch.cat((t[:, :t.shape[1] - n], z), 1)
-    if layout == "img_first":
+    if layout == IMG_FIRST:
         return torch.cat((z, t[:, n:]), 1)
     return z

@@ -23,7 +23,7 @@ from ..core.errors import GCacheError
 from ..core.policy import Policy
 from ..core.profile import Profile, ProfileRecorder
 from . import files
-from .adapters import Adapter, block_slots, find_adapter, io_share
+from .adapters import Adapter, Route, block_slots, choose_adapter, io_share
 from .runtime import RunState, activate, current_run, deactivate, make_dit_patch, make_gated_forward
 from .steps import Schedule, StepTracker, find_schedule, normalized_times, place_policy
 
@@ -64,10 +64,10 @@ def patch_model(model, holder: Holder):
         m.remove_wrappers_with_key(kind, KEY)
         m.add_wrapper_with_key(kind, KEY, fn)
     ad = holder.adapter
-    if ad.route == "dit":
+    if ad.route == Route.DIT:
         for slot in block_slots(ad, dm):
             m.set_model_patch_replace(make_dit_patch(slot, holder.token), "dit", slot.stack.key, slot.index)
-    elif ad.route == "object":
+    elif ad.route == Route.OBJECT:
         for slot in block_slots(ad, dm):
             block = getattr(getattr(dm, slot.stack.attr), slot.child)
             original = type(block).forward.__get__(block)  # the class's forward, not an earlier patch
@@ -78,9 +78,7 @@ def patch_model(model, holder: Holder):
 
 def make_holder(model, mode: str, **kw) -> Holder:
     dm = model.get_model_object("diffusion_model")
-    ad = find_adapter(dm)
-    if ad.route == "fallback":
-        log.info("GCache: %s has no family adapter; using the %s (%s).", type(dm).__name__, ad.name, ad.notes)
+    ad = choose_adapter(dm)
     return Holder(mode=mode, adapter=ad, io_share=io_share(ad, dm), model_name=type(dm).__name__, **kw)
 
 
@@ -149,7 +147,7 @@ def _apply_model(executor, *args, **kwargs):
     if run is None:
         return executor(*args, **kwargs)
     run.begin_call(float(args[1].reshape(-1)[0]), topts)
-    if holder.adapter.route != "fallback":
+    if holder.adapter.route != Route.FALLBACK:
         return executor(*args, **kwargs)
     x = args[0]
     if not run.enter(x):
@@ -185,12 +183,22 @@ def _start_run(holder: Holder, patcher, run_sigmas: list[float]):
 
         def finish(ok: bool):
             cache.close()
-            extra = [x for x in (placement.note, holder.adapter.name if holder.adapter.route == "fallback" else "")
+            _warn_if_unpatched(holder, run)
+            extra = [x for x in (placement.note, holder.adapter.name if holder.adapter.route == Route.FALLBACK else "")
                      if x]
             log.info("%s [%s, %s%s]%s", cache.summary(holder.io_share), holder.model_name, where,
                      "".join(f"; {x}" for x in extra), "" if ok else " (sampling did not finish)")
         return run, finish
     return _start_profile_run(holder, sched, times, tracker, where)
+
+
+def _warn_if_unpatched(holder: Holder, run: RunState) -> None:
+    """The model was called but no block patch ever was: its block loop does not ask for the patches the
+    adapter set (a changed ComfyUI or a custom forward). Say so rather than silently doing nothing."""
+    if run.calls and not run.cache.stats.stack_calls and holder.adapter.route != Route.FALLBACK:
+        log.warning("GCache: %s was sampled %d times but its %s blocks were never reached through the %s "
+                    "patches: nothing was cached or profiled. Please report this model and ComfyUI version.",
+                    holder.model_name, run.calls, holder.adapter.name, holder.adapter.route.value)
 
 
 def _own_steps(holder: Holder, sched: Schedule) -> bool:
@@ -225,6 +233,7 @@ def _start_profile_run(holder: Holder, sched: Schedule, times: list[float], trac
 
     def finish(ok: bool):
         cache.close()
+        _warn_if_unpatched(holder, run)
         if not ok:
             log.info("GCache Profile: sampling did not finish; nothing was added.")
             return

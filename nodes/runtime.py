@@ -84,7 +84,7 @@ class RunState:
         return self.cache.exit(z_img)
 
     def abort(self) -> None:
-        self.cache._pending = None  # a failed block call must not leave a half-entered stack behind
+        self.cache.abort()  # a failed block call must not leave a half-entered stack behind
 
 
 def activate(run: RunState):
@@ -112,7 +112,7 @@ def make_dit_patch(slot: BlockSlot, owner: str) -> Callable:
         run = current_run(owner)
         if run is None:
             return original(args)
-        if slot.first and not run.enter(take_image(args["img"], "img", 0)):
+        if slot.first and not run.enter(args["img"]):
             args = dict(args, img=args["img"].clone())  # skipped: pass a copy (callers may add in place)
         if run.compute:
             try:

@@ -67,6 +67,42 @@ def test_skip_reuses_last_delta_exactly():
     assert torch.equal(z1, h1 + (h0 + 1))
 
 
+def _in_place_blocks(h):
+    """Like LTXV (`x += …`) and Chroma (`addcmul_`): the stack adds into its input and returns that tensor."""
+    h += torch.tanh(h) + 1
+    return h
+
+
+@pytest.mark.parametrize("branches", [["all"], ["uncond", "cond"]])
+def test_in_place_blocks_keep_the_true_delta(branches):
+    """δ is z − h as h was on entry: a reference to h that the blocks overwrote would give δ = 0."""
+    cache = ResidualCache([1, 0, 0, 1])
+    g = torch.Generator().manual_seed(0)
+    h0 = torch.randn(2, 3, 4, generator=g)
+    true_delta = _in_place_blocks(h0.clone()) - h0
+    cache.set_step(0)
+    cache.run(h0.clone(), branches, _in_place_blocks)
+    for step in (1, 2):
+        h = torch.randn(2, 3, 4, generator=g)
+        cache.set_step(step)
+        assert torch.allclose(cache.run(h, branches, lambda h: pytest.fail("ran")), h + true_delta)
+
+
+def test_in_place_blocks_are_profiled_with_the_true_delta():
+    from gcache.core.profile import ProfileRecorder
+    rec = ProfileRecorder([1.0, 0.5], [1.0, 0.5])
+    cache = ResidualCache(None, recorder=rec)
+    g = torch.Generator().manual_seed(1)
+    hs = [torch.randn(1, 3, 4, generator=g) for _ in range(2)]
+    deltas = [_in_place_blocks(h.clone()) - h for h in hs]
+    for step, h in enumerate(hs):
+        cache.set_step(step)
+        cache.run(h.clone(), ["all"], _in_place_blocks)
+    prof = rec.finish()
+    assert prof.E[0, 1] == pytest.approx((deltas[0] - deltas[1]).abs().mean().item(), rel=1e-5)
+    assert prof.delta_norm[1] == pytest.approx(deltas[1].abs().mean().item(), rel=1e-5)
+
+
 def test_cfg_branches_keep_separate_caches():
     """Cond and uncond chunks get their own δ, also when they arrive in separate calls and swapped order."""
     cache = ResidualCache([1, 0])

@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from gcache.core.engine import ResidualCache
-from gcache.nodes.adapters import ADAPTERS, FALLBACK, Stack, block_slots, find_adapter, io_share, put_image, take_image
+from gcache.nodes.adapters import (ADAPTERS, FALLBACK, Layout, Stack, block_slots, choose_adapter, find_adapter, io_share,
+                                   put_image, take_image)
 from gcache.nodes.runtime import RunState, activate, branch_keys, deactivate, make_dit_patch, make_gated_forward
 from gcache.nodes.steps import StepTracker
 
@@ -11,7 +12,10 @@ torch.set_num_threads(1)
 
 
 # ------------------------------------------------------------------------------------------- table lookups
+# Fakes carry the module of ComfyUI's class: adapters match module and class, never the class name alone.
 class Flux(torch.nn.Module):
+    __module__ = "comfy.ldm.flux.model"
+
     def __init__(self, nd=2, ns=2):
         super().__init__()
         self.double_blocks = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(nd))
@@ -20,29 +24,71 @@ class Flux(torch.nn.Module):
 
 
 class Chroma(Flux):
+    __module__ = "comfy.ldm.chroma.model"
+
     def __init__(self):
         super().__init__(3, 3)
         self.skip_mmdit, self.skip_dit = [0], [2]
 
 
 class WanModel(torch.nn.Module):
-    pass
+    __module__ = "comfy.ldm.wan.model"
 
 
 class VaceWanModel(WanModel):
-    pass
+    __module__ = "comfy.ldm.wan.model"
 
 
 class WanLikeName(torch.nn.Module):  # a substring of a known name is not a match
     pass
 
 
-def test_find_adapter_by_exact_class_in_mro():
+class SD3MMDiT(torch.nn.Module):
+    __module__, __qualname__ = "comfy.ldm.modules.diffusionmodules.mmdit", "MMDiT"
+
+    def __init__(self):
+        super().__init__()
+        self.joint_blocks = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(2))
+
+
+class AuraMMDiT(torch.nn.Module):
+    __module__, __qualname__ = "comfy.ldm.aura.mmdit", "MMDiT"
+
+    def __init__(self):
+        super().__init__()
+        self.double_layers = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(1))
+        self.single_layers = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(2))
+
+
+class ForeignFlux(torch.nn.Module):  # another pack's class that happens to be called Flux
+    __qualname__ = "Flux"
+
+
+def test_find_adapter_by_module_and_class_in_mro():
     assert find_adapter(Flux()).name == "flux"
     assert find_adapter(VaceWanModel()).name == "wan"
     assert find_adapter(WanLikeName()) is FALLBACK
+    assert find_adapter(ForeignFlux()) is FALLBACK
     names = [n for a in ADAPTERS for n in a.classes]
     assert len(names) == len(set(names))
+
+
+def test_auraflow_is_not_taken_for_sd3():
+    """Both classes are called MMDiT; before module matching AuraFlow got SD3's adapter and patched nothing."""
+    assert find_adapter(SD3MMDiT()).name == "sd3"
+    aura = AuraMMDiT()
+    assert choose_adapter(aura).name == "auraflow"
+    slots = block_slots(choose_adapter(aura), aura)
+    assert [(s.stack.key, s.index, s.stack.layout) for s in slots] == [
+        ("double_block", 0, Layout.IMG), ("single_block", 0, Layout.TXT_FIRST), ("single_block", 1, Layout.TXT_FIRST)]
+
+
+def test_known_family_without_its_blocks_falls_back_loudly(caplog):
+    class Hollow(torch.nn.Module):  # e.g. a custom pack's subclass that renamed the block list
+        __module__, __qualname__ = "comfy.ldm.flux.model", "Flux"
+    with caplog.at_level("WARNING", logger="gcache"):
+        assert choose_adapter(Hollow()) is FALLBACK
+    assert "none of its blocks" in caplog.text and "fallback" in caplog.text
 
 
 def test_block_slots_roles_and_chroma_skips():
