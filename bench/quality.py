@@ -3,7 +3,7 @@
 For N in {30 (, 50)} and K in {N/3, N/2, 2N/3}: every method gives a policy with exactly K computed steps;
 we sample held-out seeds under it and report PSNR / SSIM (and LPIPS when its backbone is present) against
 full compute with the same seeds. The profile and the search use other seeds (--search-seeds).
-Also: search evaluations, distinct masks, wall time, GP seconds per iteration at the end, and how many
+Also: search evaluations (distinct masks), wall time, GP seconds per iteration at the end, and how many
 evaluations the search needed to come within 0.3 dB (held-out PSNR) of its full-budget result.
 `--gp-n 500` times the GP step at n = 500 observations (cold fit with restarts vs warm start, side by side).
 
@@ -111,7 +111,7 @@ def run_n(n_steps, args, objective, lpips_net, harness_factory=None) -> dict:
         mu = held_out(h, res.mu_mask, eval_seeds)["psnr"]
         bst = held_out(h, res.best_mask, eval_seeds)["psnr"]
         cost.append({"K": k, "evaluations": len(res.history) + 1, "sampling_runs": res.evaluations,
-                     "distinct_masks": res.distinct_masks, "wall_s": round(wall, 1),
+                     "wall_s": round(wall, 1),
                      "gp_s_per_iter_end": round(statistics.median(gp_secs[-5:]), 3) if gp_secs else None,
                      "chosen": res.policy.provenance["chosen"], "s": [round(v, 2) for v in res.s_best],
                      "search_loss": res.policy.metrics["loss"], "psnr_mu_mask": mu, "psnr_best_mask": bst,
@@ -146,7 +146,7 @@ def report(out: dict, objective_name: str, lpips: bool) -> dict:
                               "ssim": round(r["ssim"], 4), **({"lpips": round(r["lpips"], 4)} if lpips else {})}
                              for r in rows],
             "gcache_minus_best_baseline_psnr_at_half": round(margin, 3), "margin_paired_se_db": round(se, 3),
-            "evaluations": sum(c["evaluations"] for c in cost), "distinct_masks": sum(c["distinct_masks"] for c in cost),
+            "evaluations": sum(c["evaluations"] for c in cost),
             "gp_seconds_per_iter_at_end": max(gp_end) if gp_end else None, "objective": objective_name,
             "evals_to_within_0.3dB": [c["evals_to_0.3dB"] for c in cost]}
 

@@ -22,6 +22,7 @@ from typing import Callable, Hashable, Optional, Sequence
 import torch
 
 from .errors import GCacheError
+from .policy import predicted_speedup
 
 log = logging.getLogger("gcache")
 
@@ -267,9 +268,17 @@ class ResidualCache:
         n = s.computed_steps + s.skipped_steps
         parts = [f"computed {s.computed_steps}/{n} steps, skipped {s.skipped_steps}"]
         if io_share is not None and n:
-            parts.append(f"predicted speed-up {n / (s.computed_steps + s.skipped_steps * io_share):.2f}x")
+            parts.append(f"predicted speed-up {predicted_speedup(n, s.computed_steps, io_share):.2f}x")
         ms = s.measured_speedup(self.mask)
         if ms is not None:
             parts.append(f"measured {ms:.2f}x")
-        parts.append(f"cache peak {s.peak_bytes / 2**20:.1f} MiB")
+        parts.append(f"cache peak {format_bytes(s.peak_bytes)}")
         return "GCache: " + ", ".join(parts)
+
+
+def format_bytes(n: int) -> str:
+    """Bytes for a log line, in the unit that keeps them readable (a tiny cache is not "0.0 MiB")."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"

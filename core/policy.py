@@ -128,9 +128,6 @@ class Policy:
         return Policy.from_steps(n_steps, sorted(chosen), times=list(times) if times is not None else None,
                                  method=self.method, provenance=prov, metrics={})
 
-    def matches(self, n_steps: int) -> bool:
-        return self.n_steps == n_steps
-
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict:
         return {

@@ -38,6 +38,7 @@ PROFILE_VERSION = 1
 # Residual elements kept per step and branch (2^25 = 64 MiB in bf16). Flux at 1024² (12.6 M) is recorded
 # exactly; larger residuals (video: Wan 1.3B 81 frames 480p has 50 M, Wan 14B 720p ~384 M) are sampled.
 MAX_ELEMS = 1 << 25
+MAX_SAMPLE_KEYS = 4096  # run keys remembered per profile for the duplicate check (16 hex digits each)
 _TENSORS = ("e_sum", "delta_norm_sum", "rel_delta_sum", "rel_h_sum", "times", "sigmas")
 
 
@@ -74,6 +75,12 @@ class Profile:
         self._need_samples()
         return self.rel_h_sum / self.count
 
+    @property
+    def sample_keys(self) -> list[str]:
+        """Keys of the runs already in this profile (seed, conditioning, latent, schedule), so that a re-queued
+        identical run is not counted twice."""
+        return list(self.meta.get("sample_keys", []))
+
     def _need_samples(self):
         if self.count <= 0:
             raise GCacheError("This profile holds no complete run yet: run sampling with GCache Profile first.")
@@ -106,6 +113,9 @@ class Profile:
         for k, v in other.meta.items():
             meta.setdefault(k, v)
         meta["runs"] = int(self.meta.get("runs", 0)) + int(other.meta.get("runs", 0))
+        keys = self.sample_keys + [k for k in other.sample_keys if k not in self.sample_keys]
+        if keys:
+            meta["sample_keys"] = keys[-MAX_SAMPLE_KEYS:]
         return Profile(self.n_steps, self.e_sum + other.e_sum, self.count + other.count,
                        self.delta_norm_sum + other.delta_norm_sum, self.rel_delta_sum + other.rel_delta_sum,
                        self.rel_h_sum + other.rel_h_sum, self.times.copy(), self.sigmas.copy(), meta)
@@ -147,8 +157,10 @@ class Profile:
         if not all(np.all(np.isfinite(a)) for a in arrays.values()):
             raise GCacheError(f"{source} contains NaN/Inf values; delete it and profile again.")
         runs = extra.get("runs", 0) if isinstance(extra, dict) else None
+        keys = extra.get("sample_keys", []) if isinstance(extra, dict) else None
         sums = (arrays["e_sum"], arrays["delta_norm_sum"], arrays["rel_delta_sum"], arrays["rel_h_sum"])
         if not isinstance(extra, dict) or isinstance(runs, bool) or not isinstance(runs, int) or runs < 0 \
+                or not isinstance(keys, list) or not all(isinstance(k, str) for k in keys) \
                 or any(np.any(a < 0) for a in sums) or np.any(np.diag(arrays["e_sum"]) != 0) \
                 or (count == 0 and any(np.any(a != 0) for a in sums)):
             raise GCacheError(f"{source} is inconsistent (bad metadata, negative or non-zero-diagonal errors, or sums "
@@ -187,6 +199,17 @@ def sample_stride(numel: int, last_dim: int, max_elems: Optional[int]) -> int:
     return stride
 
 
+def _spans(steps: list[int], most: int) -> list[tuple[int, int]]:
+    """[lo, hi) ranges of consecutive steps, each at most `most` long."""
+    out: list[tuple[int, int]] = []
+    for i in steps:
+        if out and out[-1][1] == i and i - out[-1][0] < most:
+            out[-1] = (out[-1][0], i + 1)
+        else:
+            out.append((i, i + 1))
+    return out
+
+
 class _BranchHistory:
     """Residual history of one branch in one run; fills one row of E per recorded step."""
 
@@ -210,14 +233,14 @@ class _BranchHistory:
     def add(self, step: int, h: torch.Tensor, delta: torch.Tensor) -> None:
         d = delta.reshape(-1)[::self.stride]
         self.norms[step] = d.abs().mean(dtype=torch.float32)
-        done = [i for i in range(step) if self.recorded[i]]
-        for a in range(0, len(done), self.rows_per_chunk):
-            idx = done[a:a + self.rows_per_chunk]
-            block = self.hist[idx[0]:idx[-1] + 1] if idx == list(range(idx[0], idx[-1] + 1)) else self.hist[idx]
-            block = block.to(self.device, non_blocking=True)
+        # Earlier rows in contiguous spans, read as slices: an offloaded (pinned) history is filled by
+        # asynchronous device-to-host copies, and only a copy queued on the same stream (a slice's .to()) is
+        # ordered after them; indexing rows on the host (hist[[0, 2]]) would read them before they land.
+        for lo, hi in _spans([i for i in range(step) if self.recorded[i]], self.rows_per_chunk):
+            block = self.hist[lo:hi].to(self.device, non_blocking=True)
             vals = (block - d).abs_().mean(dim=1, dtype=torch.float32).double()
-            self.rows[step, idx] = vals
-            self.rows[idx, step] = vals
+            self.rows[step, lo:hi] = vals
+            self.rows[lo:hi, step] = vals
         self.hist[step].copy_(d, non_blocking=True)
         hf = h.reshape(-1)[::self.stride]
         if self.prev_h is not None:

@@ -32,7 +32,12 @@ class Layout(str, Enum):
     ALL = "all"              # every token is cached (Lumina2's joint stream, Cosmos): more memory, still correct
 
 
-Arg = Union[int, str]  # where an object-patched block finds its tokens: positional index or keyword
+@dataclass(frozen=True)
+class ObjectCall:
+    """How an object-patched block (Route.OBJECT) is called: where its tokens are and what it returns."""
+    arg: Union[int, str] = 0            # the token argument: positional index or keyword
+    returns_text: Optional[str] = None  # the block returns (image, <this keyword's tensor>) (HiDream)
+    batch_dim: int = 0                  # the tokens' batch dimension (Cosmos 1 passes T H W B D)
 
 
 @dataclass(frozen=True)
@@ -40,9 +45,8 @@ class Stack:
     key: str                 # dit replace name ("double_block") or, for object patches, a label
     attr: str                # attribute of the diffusion model holding the blocks (ModuleList/ModuleDict)
     layout: Layout           # where the image tokens are in what these blocks pass on
-    arg: Arg = 0             # object route: the blocks' token argument
     skip_attr: Optional[str] = None  # blocks listed here are never called (Chroma's skip_mmdit/skip_dit)
-    returns_text: Optional[str] = None  # object route: the block returns (image, <this keyword's tensor>)
+    call: ObjectCall = ObjectCall()  # Route.OBJECT only
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,6 @@ class Adapter:
     classes: tuple           # "module.Class" of the model classes (or bases) this entry serves
     route: Route
     stacks: tuple = ()
-    batch_dim: int = 0       # Cosmos 1 keeps tokens as T H W B D
     notes: str = ""
 
 
@@ -78,15 +81,16 @@ ADAPTERS = (
             (Stack("double_block", "joint_blocks", IMG),)),
     Adapter("auraflow", (_LDM + "aura.mmdit.MMDiT",), Route.DIT,
             (Stack("double_block", "double_layers", IMG), Stack("single_block", "single_layers", TXT_FIRST))),
-    Adapter("lumina2", (_LDM + "lumina.model.NextDiT",), Route.OBJECT, (Stack("layer", "layers", ALL, arg=0),),
+    Adapter("lumina2", (_LDM + "lumina.model.NextDiT",), Route.OBJECT, (Stack("layer", "layers", ALL),),
             notes="Lumina2 / Z-Image: joint [caption, image] stream cached whole"),
     Adapter("hidream", (_LDM + "hidream.model.HiDreamImageTransformer2DModel",), Route.OBJECT,
-            (Stack("double_stream", "double_stream_blocks", IMG, arg="image_tokens", returns_text="text_tokens"),
-             Stack("single_stream", "single_stream_blocks", IMG_FIRST, arg="image_tokens"))),
-    Adapter("cosmos_predict2", (_LDM + "cosmos.predict2.MiniTrainDIT",), Route.OBJECT,
-            (Stack("block", "blocks", ALL, arg=0),)),
-    Adapter("cosmos", (_LDM + "cosmos.model.GeneralDIT",), Route.OBJECT, (Stack("block", "blocks", ALL, arg=0),),
-            batch_dim=3, notes="Cosmos 1 adds a position term before every block; it enters through δ on skipped steps"),
+            (Stack("double_stream", "double_stream_blocks", IMG,
+                   call=ObjectCall("image_tokens", returns_text="text_tokens")),
+             Stack("single_stream", "single_stream_blocks", IMG_FIRST, call=ObjectCall("image_tokens")))),
+    Adapter("cosmos_predict2", (_LDM + "cosmos.predict2.MiniTrainDIT",), Route.OBJECT, (Stack("block", "blocks", ALL),)),
+    Adapter("cosmos", (_LDM + "cosmos.model.GeneralDIT",), Route.OBJECT,
+            (Stack("block", "blocks", ALL, call=ObjectCall(0, batch_dim=3)),),
+            notes="Cosmos 1 adds a position term before every block; it enters through δ on skipped steps"),
 )
 
 FALLBACK = Adapter("whole-model fallback", (), Route.FALLBACK,
@@ -147,8 +151,9 @@ def block_slots(adapter: Adapter, diffusion_model) -> list[BlockSlot]:
     return [BlockSlot(st, i, child, n == 0, n == len(found) - 1) for n, (st, i, child) in enumerate(found)]
 
 
-def io_share(adapter: Adapter, diffusion_model) -> float:
-    """Share of a step's cost outside the block stack, estimated by parameter count (0 for the fallback)."""
+def estimated_io_share(adapter: Adapter, diffusion_model) -> float:
+    """Share of a step's cost outside the block stack, estimated by parameter count (0 for the fallback);
+    Apply's predicted speed-up uses it before anything has been timed."""
     if adapter.route == Route.FALLBACK:
         return 0.0
     total = sum(p.numel() for p in diffusion_model.parameters())

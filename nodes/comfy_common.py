@@ -10,7 +10,7 @@ import folder_paths
 from comfy_api.latest import io
 
 from ..core.errors import GCacheError
-from . import files
+from . import artifacts
 
 CATEGORY = "GCache"
 GCachePolicy = io.Custom("GCACHE_POLICY")
@@ -48,14 +48,21 @@ def find_file(name: str) -> str:
 
 
 def policy_choices() -> list[str]:
-    return files.list_policies(all_files()) or [NO_FILE]
+    return artifacts.list_policies(all_files()) or [NO_FILE]
 
 
 def profile_choices() -> list[str]:
-    return files.list_profiles(all_files()) or [NO_FILE]
+    return artifacts.list_profiles(all_files()) or [NO_FILE]
 
 
 def pil_to_image(img) -> torch.Tensor:
     """PIL image → ComfyUI IMAGE [1, H, W, 3] float in [0, 1]."""
     arr = np.asarray(img.convert("RGB"), dtype=np.float32) / 255.0
     return torch.from_numpy(arr)[None]
+
+
+def check_choice(what: str, value, options) -> None:
+    """Combo values arrive unchecked through the HTTP API: an unknown one must not act as a default."""
+    if value not in options:
+        raise GCacheError(f"{what} must be one of {', '.join(map(repr, options))}, got {value!r} (an API client or an "
+                          "edited workflow sent it).")

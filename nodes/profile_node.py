@@ -5,10 +5,12 @@ import os
 
 from comfy_api.latest import io
 
+from ..core.errors import GCacheError
 from ..core.profile import Profile
 from ..search.plots import plot_profile
+from . import artifacts, hooks
 from . import comfy_common as cc
-from . import files, hooks
+from .configs import CACHE_DEVICES, profile_config
 
 
 class GCacheProfile(io.ComfyNode):
@@ -23,7 +25,7 @@ class GCacheProfile(io.ComfyNode):
                 io.String.Input("profile_name", default="my_model",
                                 tooltip="File name of the accumulated profile (letters, digits, '.', '_', '-'). Use "
                                         "one name per model, step count and scheduler."),
-                io.Combo.Input("history_device", options=["model device", "cpu"], default="model device",
+                io.Combo.Input("history_device", options=list(CACHE_DEVICES), default="model device",
                                tooltip="Where the run's residual history (steps × latent tokens) is kept while "
                                        "sampling: CPU saves GPU memory on long videos."),
             ],
@@ -35,11 +37,20 @@ class GCacheProfile(io.ComfyNode):
         return float("nan")  # never served from ComfyUI's cache: each queue must sample (and record) again
 
     @classmethod
+    def validate_inputs(cls, history_device):  # named only: **kwargs would turn off ComfyUI's other checks
+        try:
+            cc.check_choice("history_device", history_device, list(CACHE_DEVICES))
+        except GCacheError as e:
+            return str(e)
+        return True
+
+    @classmethod
     def execute(cls, model, profile_name, history_device) -> io.NodeOutput:
-        path = files.profile_path(cc.folder(), profile_name)
-        holder = hooks.make_holder(model, "profile", profile_path=path,
-                                   history_device="cpu" if history_device == "cpu" else None)
-        return io.NodeOutput(hooks.patch_model(model, holder))
+        cc.check_choice("history_device", history_device, list(CACHE_DEVICES))
+        path = artifacts.profile_path(cc.folder(), profile_name)
+        # a damaged profile file stops the prompt here, before any sampling (not after it, losing the image)
+        config = profile_config(model, path, history_device=CACHE_DEVICES[history_device])
+        return io.NodeOutput(hooks.patch_model(model, config))
 
 
 class GCacheLoadProfile(io.ComfyNode):
@@ -57,12 +68,13 @@ class GCacheLoadProfile(io.ComfyNode):
 
     @classmethod
     def fingerprint_inputs(cls, profile):
+        """Changes when the file does, in whichever gcache folder it is (the one it is loaded from)."""
         try:
-            return os.path.getmtime(files.profile_path(cc.folder(), profile))
-        except (OSError, ValueError):
+            return os.path.getmtime(cc.find_file(profile + artifacts.PROFILE_SUFFIX))
+        except (OSError, GCacheError):
             return profile
 
     @classmethod
     def execute(cls, profile) -> io.NodeOutput:
-        prof = Profile.load(cc.find_file(profile + files.PROFILE_SUFFIX))
+        prof = Profile.load(cc.find_file(profile + artifacts.PROFILE_SUFFIX))
         return io.NodeOutput(prof, cc.pil_to_image(plot_profile(prof)))

@@ -1,25 +1,29 @@
-"""Per-run state and the block-stack gates. No ComfyUI import (hooks.py wires these into a ModelPatcher).
+"""Per-run state and the block-stack gate. No ComfyUI import (hooks.py wires these into a ModelPatcher).
 
 A RunState lives for one sampling run (created in the OUTER_SAMPLE wrapper, closed in its `finally`). It
-owns the core ResidualCache and the StepTracker. Each model call: `begin_call` sets the step; the first
-block of the stack calls `enter` (compute or skip); middle blocks pass through on a skip; the last block
-calls `leave`. Patches know their model clone by a token (the holder's, kept in transformer_options) and
-find its live run in a context variable set by the OUTER_SAMPLE wrapper; so block calls that carry no
-transformer_options (Wan S2V, object-patched blocks) work too, and no tensor ever sits in model_options,
-which ModelPatcher.clone deep-copies.
+owns the core ResidualCache and the StepTracker. Each model call: `begin_call` sets the step; every block of
+the stack (dit patch, object-patched forward) and the whole-model fallback go through one gate, `gate`.
+Patches know their model clone by an owner token (its config's, kept in transformer_options) and find its live
+run in a context variable set by the OUTER_SAMPLE wrapper; so block calls that carry no transformer_options
+(Wan S2V, object-patched blocks) work too, and no tensor ever sits in model_options, which ModelPatcher.clone
+deep-copies.
 """
 from __future__ import annotations
 
 import contextvars
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
 from ..core.engine import ResidualCache
-from .adapters import BlockSlot, put_image, take_image
+from .adapters import BlockSlot, Layout, put_image, take_image
 from .steps import StepTracker
 
 _RUNS: contextvars.ContextVar = contextvars.ContextVar("gcache_runs", default={})
+
+
+def _same(t):
+    return t
 
 
 def branch_keys(transformer_options: Optional[dict], names: Optional[dict] = None) -> list:
@@ -55,15 +59,17 @@ def branch_keys(transformer_options: Optional[dict], names: Optional[dict] = Non
 
 
 class RunState:
+    """One sampling run of one patched model clone: the engine's cache, the step tracker, the current call."""
+
     def __init__(self, cache: ResidualCache, tracker: StepTracker, owner: str):
         self.cache = cache
         self.tracker = tracker
-        self.owner = owner          # token of the model clone this run belongs to
+        self.owner = owner          # the config's owner token of the model clone this run belongs to
         self.branches: list = ["all"]
         self.names: dict = {}       # cond uuid -> stable branch name for this run
         self.compute = True
         self.n_img = 0
-        self.calls = 0
+        self.calls = 0              # model calls (a run whose stack was never entered is reported)
 
     # ---------------------------------------------------------------- per model call
     def begin_call(self, sigma: float, transformer_options: Optional[dict]) -> int:
@@ -74,17 +80,32 @@ class RunState:
         self.calls += 1
         return step
 
-    # ---------------------------------------------------------------- block stack
-    def enter(self, h: torch.Tensor) -> bool:
-        self.n_img = h.shape[1]
-        self.compute = self.cache.enter(h, self.branches)
-        return self.compute
+    # ---------------------------------------------------------------- the one block-stack gate
+    def gate(self, x: torch.Tensor, run_block: Callable[[torch.Tensor], Any], first: bool, last: bool,
+             layout: Layout = Layout.ALL, tokens: Callable[[Any], torch.Tensor] = _same,
+             passed: Callable[[torch.Tensor], Any] = _same) -> Any:
+        """One block of the stack (or the whole model, for the fallback) under the policy.
 
-    def leave(self, z_img: Optional[torch.Tensor]) -> torch.Tensor:
-        return self.cache.exit(z_img)
-
-    def abort(self) -> None:
-        self.cache.abort()  # a failed block call must not leave a half-entered stack behind
+        x: the block's token input, batch first; run_block(x) calls the original block with it; tokens(out) is
+        the output's token tensor (batch first); passed(y) is what the block returns when it is skipped and the
+        stream is y. The first block decides (compute or skip), the last one leaves the cache: on a computed step
+        it stores δ from the real output, on a skipped step it returns h + δ. Middle blocks pass through.
+        """
+        if first:
+            self.n_img = x.shape[1]
+            self.compute = self.cache.enter(x, self.branches)
+            if not self.compute:
+                x = x.clone()  # skipped: callers may add into what the blocks pass on (Wan VACE hints)
+        if self.compute:
+            try:
+                out = run_block(x)
+            except BaseException:
+                self.cache.abort()  # a failed block call must not leave a half-entered stack behind
+                raise
+            if last:
+                self.cache.exit(take_image(tokens(out), layout, self.n_img))
+            return out
+        return passed(put_image(x, layout, self.cache.exit(None)) if last else x)
 
 
 def activate(run: RunState):
@@ -105,76 +126,55 @@ def current_run(owner: str) -> Optional[RunState]:
 # ------------------------------------------------------------------------------ dit replace patches
 def make_dit_patch(slot: BlockSlot, owner: str) -> Callable:
     """patches_replace["dit"] patch: patch(args, {"original_block": fn}) -> dict of the block's outputs."""
-    layout = slot.stack.layout
-
     def patch(args: dict, extra: dict) -> dict:
         original = extra["original_block"]
         run = current_run(owner)
         if run is None:
             return original(args)
-        if slot.first and not run.enter(args["img"]):
-            args = dict(args, img=args["img"].clone())  # skipped: pass a copy (callers may add in place)
-        if run.compute:
-            try:
-                out = original(args)
-            except BaseException:
-                run.abort()
-                raise
-            if slot.last:
-                run.leave(take_image(out["img"], layout, run.n_img))
-            return out
-        out = {"img": args["img"]}
-        if "txt" in args:
-            out["txt"] = args["txt"]
-        if slot.last:
-            out["img"] = put_image(args["img"], layout, run.leave(None))
-        return out
+
+        def passed(y):  # a skipped block hands its stream on (and the text stream, where it has one)
+            return {"img": y, "txt": args["txt"]} if "txt" in args else {"img": y}
+
+        def run_block(x):  # x is args["img"] unless the first block of a skipped step cloned it
+            return original(args if x is args["img"] else dict(args, img=x))
+
+        return run.gate(args["img"], run_block, slot.first, slot.last,
+                        slot.stack.layout, tokens=lambda out: out["img"], passed=passed)
 
     return patch
 
 
 # ------------------------------------------------------------------------------ object-patched forwards
-def make_gated_forward(slot: BlockSlot, original: Callable, owner: str, batch_dim: int = 0) -> Callable:
+def make_gated_forward(slot: BlockSlot, original: Callable, owner: str) -> Callable:
     """A block `forward` for families without dit replace: same signature, gated by the run."""
-    arg, layout = slot.stack.arg, slot.stack.layout
-
-    def get_x(a, kw):
-        return kw[arg] if isinstance(arg, str) else a[arg]
+    call = slot.stack.call
+    arg, bd = call.arg, call.batch_dim
 
     def with_x(a, kw, x):
         if isinstance(arg, str):
             return a, dict(kw, **{arg: x})
         return a[:arg] + (x,) + a[arg + 1:], kw
 
-    def to_engine(t):
-        return t.movedim(batch_dim, 0) if batch_dim else t
+    def to_engine(t):  # the engine keeps the batch first (Cosmos 1 passes T H W B D)
+        return t.movedim(bd, 0) if bd else t
 
     def from_engine(t):
-        return t.movedim(0, batch_dim) if batch_dim else t
+        return t.movedim(0, bd) if bd else t
 
     def forward(*a, **kw):
         run = current_run(owner)
         if run is None:
             return original(*a, **kw)
-        x = get_x(a, kw)
-        if slot.first and not run.enter(to_engine(x)):
-            x = x.clone()
-            a, kw = with_x(a, kw, x)
-        if run.compute:
-            try:
-                out = original(*a, **kw)
-            except BaseException:
-                run.abort()
-                raise
-            if slot.last:
-                y = out[0] if isinstance(out, tuple) else out
-                run.leave(take_image(to_engine(y), layout, run.n_img))
-            return out
-        y = x
-        if slot.last:
-            y = from_engine(put_image(to_engine(x), layout, run.leave(None)))
-        if slot.stack.returns_text:
-            return y, kw[slot.stack.returns_text]  # HiDream double-stream blocks return (image, text)
-        return y
+
+        def run_block(x):
+            a2, kw2 = with_x(a, kw, from_engine(x))
+            return original(*a2, **kw2)
+
+        def passed(y):  # HiDream's double-stream blocks return (image, text)
+            return (from_engine(y), kw[call.returns_text]) if call.returns_text else from_engine(y)
+
+        x = kw[arg] if isinstance(arg, str) else a[arg]
+        return run.gate(to_engine(x), run_block, slot.first, slot.last, slot.stack.layout,
+                        tokens=lambda out: to_engine(out[0] if isinstance(out, tuple) else out), passed=passed)
 
     return forward

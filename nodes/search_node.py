@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import uuid
 
 import comfy.model_management
 import comfy.samplers
@@ -17,7 +16,9 @@ from ..search.bilevel import SearchConfig, SearchInterrupted, run_search
 from ..search.objectives import OBJECTIVES, make_objective
 from ..search.plots import plot_search
 from . import comfy_common as cc
-from . import files, hooks
+from . import artifacts, hooks
+from .configs import apply_config, profile_config
+from .fingerprint import content_hash
 from .sampling import decode, sample
 
 
@@ -71,8 +72,8 @@ class GCacheSearch(io.ComfyNode):
                 budget, degree, objective, policy_name, profile=None) -> io.NodeOutput:
         folder = cc.folder()
         name = safe_name(policy_name, "policy name")
-        state_file = files.state_path(folder, name)
-        own_profile = os.path.join(folder, name + ".search" + files.PROFILE_SUFFIX)
+        state_file = artifacts.state_path(folder, name)
+        own_profile = os.path.join(folder, name + ".search" + artifacts.PROFILE_SUFFIX)
         seed_list = [seed + i for i in range(seeds)]
         loss_fn = make_objective(objective)  # fails early, with a message, when LPIPS weights are missing
         pbar = comfy.utils.ProgressBar(budget + 1 + len(seed_list))
@@ -85,29 +86,22 @@ class GCacheSearch(io.ComfyNode):
         def run(m, s):
             return decode(vae, sample(m, s, steps, cfg, sampler_name, scheduler, positive, negative, latent))
 
-        # Reference (full-compute) runs; they are also the profile when none is given.
+        # Reference (full-compute) runs; they are also the profile when none is given, recorded through the
+        # same file path GCache Profile uses (<name>.search.profile.safetensors).
         record = profile is None and not (os.path.isfile(state_file) and os.path.isfile(own_profile))
-        ref_model, sink = model, None
+        ref_model = model
         if record:
-            sink = uuid.uuid4().hex
-            ref_model = hooks.patch_model(model, hooks.make_holder(model, "profile", sink=sink))
-        try:
-            refs = []
-            for s in seed_list:
-                refs.append(run(ref_model, s))
-                tick()
-        finally:
-            runs = hooks.SINKS.pop(sink, []) if sink else []
+            if os.path.isfile(own_profile):
+                os.remove(own_profile)  # left by a search whose state is gone: it is recorded again now
+            ref_model = hooks.patch_model(model, profile_config(model, own_profile))
+        refs = []
+        for s in seed_list:
+            refs.append(run(ref_model, s))
+            tick()
         if profile is None:
-            if record:
-                if not runs:
-                    raise GCacheError("The reference runs recorded no profile (was sampling interrupted?).")
-                profile = runs[0]
-                for p in runs[1:]:
-                    profile = profile.merge(p)
-                profile.save(own_profile)
-            else:
-                profile = Profile.load(own_profile)
+            if not os.path.isfile(own_profile):
+                raise GCacheError("The reference runs recorded no profile (was sampling interrupted?).")
+            profile = Profile.load(own_profile)
         if profile.n_steps != steps:
             raise GCacheError(f"The profile has {profile.n_steps} steps but steps = {steps}: set steps to "
                               f"{profile.n_steps} or profile this step count.")
@@ -115,7 +109,7 @@ class GCacheSearch(io.ComfyNode):
         def evaluate(mask):
             pol = Policy(list(mask), times=[float(t) for t in profile.times],
                          sigmas=[float(s) for s in profile.sigmas], method="search-candidate")
-            m = hooks.patch_model(model, hooks.make_holder(model, "apply", policy=pol, on_mismatch="error"))
+            m = hooks.patch_model(model, apply_config(model, pol, on_mismatch="error"))
             losses = [loss_fn(run(m, s), r) for s, r in zip(seed_list, refs)]
             return sum(losses) / len(losses)
 
@@ -124,7 +118,7 @@ class GCacheSearch(io.ComfyNode):
 
         # What the references depend on, so that a state file made with another prompt/LoRA is not resumed.
         provenance = {"model": type(model.get_model_object("diffusion_model")).__name__, "seeds": seed_list,
-                      "inputs": _fingerprint(positive, negative, latent["samples"], sorted(map(str, model.patches)),
+                      "inputs": content_hash(positive, negative, latent["samples"], sorted(map(str, model.patches)),
                                              type(vae.first_stage_model).__name__ if hasattr(vae, "first_stage_model") else ""),
                       "steps": steps, "cfg": cfg, "sampler": sampler_name, "scheduler": scheduler,
                       "latent_shape": list(latent["samples"].shape)}
@@ -136,33 +130,7 @@ class GCacheSearch(io.ComfyNode):
             comfy.model_management.throw_exception_if_processing_interrupted()  # ComfyUI's own Interrupt
             raise
         policy = result.policy
-        policy.save(files.policy_path(folder, name))
+        policy.save(artifacts.policy_path(folder, name))
         pbar.update_absolute(budget + 1 + len(seed_list))
         return io.NodeOutput(policy, cc.pil_to_image(plot_search(result, [float(t) for t in profile.times])))
 
-
-def _fingerprint(*items) -> str:
-    """A short hash of tensors (bytes), conditioning lists and plain values."""
-    import hashlib
-
-    import torch
-    h = hashlib.sha256()
-
-    def feed(x):
-        if torch.is_tensor(x):
-            h.update(str((tuple(x.shape), x.dtype)).encode())
-            h.update(x.detach().float().cpu().contiguous().numpy().tobytes())
-        elif isinstance(x, (list, tuple)):
-            for y in x:
-                feed(y)
-        elif isinstance(x, dict):
-            for k in sorted(x, key=str):
-                h.update(str(k).encode())
-                feed(x[k])
-        elif x is None or isinstance(x, (bool, int, float, str)):
-            h.update(repr(x).encode())
-        else:  # objects (control nets, hooks): their repr holds memory addresses, so only their type counts
-            h.update(type(x).__name__.encode())
-    for item in items:
-        feed(item)
-    return h.hexdigest()[:16]

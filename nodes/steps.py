@@ -12,12 +12,12 @@ evaluation. A sampler that never calls back falls back to the sigma interval of 
 
 Across runs. KSamplerAdvanced (Wan 2.2's two experts) hands each sampler a slice of one schedule; steps are
 global: the run's sigmas are located in the full schedule (the policy's own sigmas first, else the model's
-standard schedules), and step = offset + local step.
+standard schedules, from a ScheduleCatalog that keeps what it computed), and step = offset + local step.
 """
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Sequence
 
 from ..core.errors import GCacheError
@@ -26,6 +26,7 @@ from ..core.policy import Policy
 log = logging.getLogger("gcache")
 
 REL_TOL = 1e-4  # sigmas travel as float32 tensors; compare them relative to the schedule's scale
+MAX_SCHEDULE_SEARCH = 400  # longest full schedule tried when placing a slice
 
 
 def _close(a: float, b: float, scale: float) -> bool:
@@ -66,6 +67,14 @@ class Schedule:
     def is_slice(self) -> bool:
         return self.offset > 0 or self.offset + self.n_run < self.n_global
 
+    @property
+    def end(self) -> int:
+        return self.offset + self.n_run
+
+    def where(self) -> str:
+        """For log lines: "6 steps" or "steps 3-5 of 6"."""
+        return f"steps {self.offset}-{self.end - 1} of {self.n_global}" if self.is_slice else f"{self.n_global} steps"
+
 
 def find_schedule(run_sigmas: Sequence[float], policy_sigmas: Optional[Sequence[float]] = None,
                   candidates: Iterable[tuple[str, Sequence[float]]] = ()) -> Schedule:
@@ -92,6 +101,52 @@ def find_schedule(run_sigmas: Sequence[float], policy_sigmas: Optional[Sequence[
             if off is not None:
                 return Schedule(full, off, n, f"model:{name}")
     return Schedule(run, 0, n, "run")
+
+
+class ScheduleCatalog:
+    """A model's standard full schedules (every scheduler × step count), computed on demand and kept: a slice
+    (KSamplerAdvanced, denoise < 1) is located by scanning them, and the same model is sampled again and again.
+
+    `calculate(name, n)` returns n + 1 sigmas or raises (a scheduler that cannot make n steps is no candidate).
+    """
+
+    def __init__(self, names: Sequence[str], calculate: Callable[[str, int], Sequence[float]]):
+        self.names = list(names)
+        self.calculate = calculate
+        self._known: dict[tuple[str, int], Optional[list[float]]] = {}
+
+    def candidates(self, n_run: int) -> Iterable[tuple[str, list[float]]]:
+        """Full schedules longer than a run of n_run steps, shortest first."""
+        for n in range(n_run + 1, max(MAX_SCHEDULE_SEARCH, 4 * n_run)):
+            for name in self.names:
+                key = (name, n)
+                if key not in self._known:
+                    try:
+                        self._known[key] = [float(v) for v in self.calculate(name, n)]
+                    except Exception:  # noqa: BLE001  any failure means "no such schedule", never a crash
+                        self._known[key] = None
+                if self._known[key] is not None:
+                    yield name, self._known[key]
+
+
+def place_run(run_sigmas: Sequence[float], sigma_max: float, policy_sigmas: Optional[Sequence[float]],
+              catalog: Optional[ScheduleCatalog], is_own_tail: Callable[[Schedule], bool]) -> Schedule:
+    """Where a sampling run sits: a full run (σ_max … 0) is its own schedule unless the policy's sigmas say
+    otherwise; a slice is located in the policy's schedule, else in the model's standard ones.
+
+    A run found as the tail of a standard schedule is either the rest of a split (Wan 2.2's second expert:
+    global steps) or a schedule of its own (KSampler denoise < 1, or a second sampler without its first half):
+    `is_own_tail(schedule)` tells which, and an own tail uses the run's own N steps.
+    """
+    run = [float(v) for v in run_sigmas]
+    is_full = abs(run[0] - sigma_max) <= REL_TOL * sigma_max and run[-1] == 0.0
+    cands = catalog.candidates(len(run) - 1) if catalog is not None and not is_full else ()
+    sched = find_schedule(run, policy_sigmas, cands)
+    if sched.source.startswith("model:") and sched.offset > 0 and is_own_tail(sched):
+        log.info("GCache: this run is the tail of a longer schedule (denoise < 1?); using its own %d steps.",
+                 sched.n_run)
+        sched = Schedule(run, 0, sched.n_run, "run")
+    return sched
 
 
 class StepTracker:
@@ -136,11 +191,17 @@ def normalized_times(sigmas: Sequence[float], to_t: Callable[[float], float]) ->
     return [min(1.0, max(0.0, float(to_t(float(s))))) for s in sigmas]
 
 
+def model_time(model_sampling) -> Callable[[float], float]:
+    """σ → normalized time by the model's own timestep map (a ComfyUI ModelSampling, duck-typed)."""
+    import torch
+    top = float(model_sampling.timestep(model_sampling.sigma_max.reshape(1).float()).item()) or 1.0
+    return lambda s: float(model_sampling.timestep(torch.tensor([s], dtype=torch.float32)).item()) / top
+
+
 @dataclass
 class Placement:
     mask: list[int]      # over the global schedule's steps
     note: str = ""       # what was done to fit the policy (remap), for the log line
-    provenance: dict = field(default_factory=dict)
 
 
 def place_policy(policy: Policy, schedule: Schedule, times: Sequence[float], on_mismatch: str = "remap") -> Placement:

@@ -87,7 +87,7 @@ def main(argv=None):
     profile.save(os.path.join(a.out, "profile.safetensors"))
 
     mask, bound = dp_mask(profile.E, np.zeros(a.steps), a.k)
-    io_share = harness.io_share(n_images=a.eval_seeds)
+    io_share = harness.measured_io_share(n_images=a.eval_seeds)
     policy = harness.policy_from_mask(mask, "local_dp", profile_seeds=profile_seeds, bound=bound)
     policy.metrics["predicted_speedup"] = round(policy.predicted_speedup(io_share), 3)
 

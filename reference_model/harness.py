@@ -67,7 +67,7 @@ class ReferenceHarness:
             return float(objective(img, ref))
         return evaluate
 
-    def io_share(self, n_images: int = 1, repeats: int = 5) -> float:
+    def measured_io_share(self, n_images: int = 1, repeats: int = 5) -> float:
         """T_io / T for a batch of n_images (CFG doubles it): a step whose block stack is skipped over a full
         step, medians of interleaved timings."""
         model = self.model

@@ -83,7 +83,7 @@ def main(argv=None, harness=None) -> int:
         pol = res.policy
         pol.provenance["eval_seeds"] = eval_seeds
         pol.metrics.update({"eval_psnr": psnr(img, ref), "eval_ssim": ssim(img, ref),
-                            "predicted_speedup": pol.predicted_speedup(h.io_share())})
+                            "predicted_speedup": pol.predicted_speedup(h.measured_io_share())})
         pol_path = os.path.join(a.out, f"policy_{tag}.json")
         pol.save(pol_path)
         png = os.path.join(a.out, f"search_{tag}.png")

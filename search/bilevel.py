@@ -33,7 +33,7 @@ from .gp import GPLCB, kappa_schedule, start_grid
 
 STATE_FORMAT = "gcache.search_state"
 STATE_VERSION = 1
-MAX_DEGREE = 4
+SEARCH_MAX_DEGREE = 4  # GP dimension d + 1 ≤ 5 and a 2^(d+1) start grid (core.weights allows 8)
 
 
 class SearchInterrupted(Exception):
@@ -57,8 +57,8 @@ class SearchConfig:
 
     def validate(self, n_steps: int) -> None:
         check_budget(self.k, n_steps)
-        if not isinstance(self.degree, int) or not 1 <= self.degree <= MAX_DEGREE:
-            raise GCacheError(f"degree must be a whole number in 1..{MAX_DEGREE} (the paper uses 3), got {self.degree!r}.")
+        if not isinstance(self.degree, int) or not 1 <= self.degree <= SEARCH_MAX_DEGREE:
+            raise GCacheError(f"degree must be a whole number in 1..{SEARCH_MAX_DEGREE} (the paper uses 3), got {self.degree!r}.")
         grid = 2 ** (self.degree + 1)
         if not isinstance(self.budget, int) or self.budget < grid:
             raise GCacheError(f"budget = {self.budget!r} evaluations is below the {grid}-point start grid of degree "
@@ -87,7 +87,6 @@ class SearchResult:
     history: list
     state: dict
     evaluations: int       # calls of evaluate() (distinct masks), the final one included
-    distinct_masks: int
 
 
 def mask_key(mask: Sequence[int]) -> str:
@@ -109,7 +108,7 @@ def profile_identity(profile: Profile) -> dict:
     return {"n_steps": int(profile.n_steps), "sha256": h.hexdigest()[:16], "count": int(profile.count)}
 
 
-def _fingerprint(config: SearchConfig, prof_id: dict, provenance: dict) -> str:
+def _state_key(config: SearchConfig, prof_id: dict, provenance: dict) -> str:
     blob = json.dumps({"config": config.identity(), "profile": prof_id, "provenance": provenance},
                       sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -198,7 +197,7 @@ def run_search(profile: Profile, config: SearchConfig, evaluate: Callable[[list]
         raise GCacheError(f"The profile is inconsistent: E is {E.shape} and has {times.size} times for {n} steps.")
     provenance = json.loads(json.dumps(dict(provenance or {}), default=str))
     prof_id = profile_identity(profile)
-    fp = _fingerprint(config, prof_id, provenance)
+    fp = _state_key(config, prof_id, provenance)
 
     if state_path and os.path.exists(state_path):
         state = load_state(state_path)
@@ -307,4 +306,4 @@ def _result(state: dict, profile: Profile, config: SearchConfig) -> SearchResult
                     sigmas=[float(v) for v in profile.sigmas], method="gcache", provenance=prov, metrics=metrics)
     return SearchResult(policy=policy, best_mask=to_mask(best["mask"]), best_loss=best["loss"],
                         mu_mask=to_mask(fin["mask"]), mu_loss=fin["loss"], s_best=chosen["s"], s_mu=fin["s"],
-                        history=hist, state=state, evaluations=len(state["masks"]), distinct_masks=len(state["masks"]))
+                        history=hist, state=state, evaluations=len(state["masks"]))

@@ -6,17 +6,17 @@ import math
 import pytest
 import torch
 
-from gcache.bench import speed
+from gcache.bench import speed, speed_harness, speed_models
 from gcache.core import ResidualCache
 
-TINY = {"flux": speed.FluxSize(width=32, heads=2, double=1, single=2, lat_h=8, lat_w=8, txt_tokens=6, ctx_dim=16,
+TINY = {"flux": speed_models.FluxSize(width=32, heads=2, double=1, single=2, lat_h=8, lat_w=8, txt_tokens=6, ctx_dim=16,
                                vec_dim=8),
-        "wan": speed.WanSize(width=32, heads=2, depth=2, ffn=64, frames=2, lat_h=4, lat_w=6, txt_tokens=5, ctx_dim=16,
+        "wan": speed_models.WanSize(width=32, heads=2, depth=2, ffn=64, frames=2, lat_h=4, lat_w=6, txt_tokens=5, ctx_dim=16,
                              freq_dim=16)}
 
 
 def _model(family):
-    model, _ = speed.build(family, TINY[family], torch.device("cpu"), torch.float32, use_comfy=False)
+    model, _ = speed_harness.build(family, TINY[family], torch.device("cpu"), torch.float32, use_comfy=False)
     return model
 
 
@@ -26,10 +26,10 @@ def test_shapes_and_all_ones_is_bit_identical(family):
     inp = model.inputs("cpu", torch.float32)
     t = torch.full((inp["x"].shape[0],), 0.7)
     with torch.inference_mode():
-        plain = speed.forward(model, inp["x"], t, inp, lambda h, b, blocks: blocks(h))
+        plain = speed_harness.forward(model, inp["x"], t, inp, lambda h, b, blocks: blocks(h))
         cache = ResidualCache([1, 1])
         cache.set_step(0)
-        cached = speed.forward(model, inp["x"], t, inp, cache.run)
+        cached = speed_harness.forward(model, inp["x"], t, inp, cache.run)
         cache.close()
     assert plain.shape == inp["x"].shape
     assert torch.isfinite(plain).all()
@@ -42,7 +42,7 @@ def test_skip_path_skips_the_blocks(family):
     calls = []
     real = model.blocks
     model.blocks = lambda h, st: calls.append(h.shape) or real(h, st)
-    bench = speed.Bench(model, torch.device("cpu"), torch.float32, 6, None)
+    bench = speed_harness.Bench(model, torch.device("cpu"), torch.float32, 6, None)
     with torch.inference_mode():
         bench.run("none")
         assert len(calls) == 6
@@ -64,11 +64,11 @@ def test_skipped_step_adds_the_cached_residual():
     with torch.inference_mode():
         cache = ResidualCache([1, 0])
         cache.set_step(0)
-        speed.forward(model, inp["x"], t0, inp, cache.run)
+        speed_harness.forward(model, inp["x"], t0, inp, cache.run)
         h0, st0 = model.f_in(inp["x"], t0, **{k: v for k, v in inp.items() if k != "x"})
         delta = model.blocks(h0, st0) - h0
         cache.set_step(1)
-        got = speed.forward(model, x1, t1, inp, cache.run)
+        got = speed_harness.forward(model, x1, t1, inp, cache.run)
         h1, st1 = model.f_in(x1, t1, **{k: v for k, v in inp.items() if k != "x"})
         want = model.f_out(h1 + delta, st1)
         cache.close()
@@ -78,18 +78,18 @@ def test_skipped_step_adds_the_cached_residual():
 def test_uniform_mask():
     for n in (6, 12, 30):
         for k in (n // 2, n // 3):
-            m = speed.uniform_mask(n, k)
+            m = speed_harness.uniform_mask(n, k)
             assert len(m) == n and m[0] == 1 and sum(m) == k
 
 
 def test_memory_formula():
-    p = speed.predicted_profile_bytes(numel_branch=1000, itemsize=2, n=10, branches=2, chunk_elems=3000)
+    p = speed_harness.predicted_profile_bytes(numel_branch=1000, itemsize=2, n=10, branches=2, chunk_elems=3000)
     assert p["history"] == 2 * 10 * 2000 and p["row_temps"] == 2 * 3 * 2000
     assert p["total"] == p["history"] + p["prev_h"] + p["delta_batch"] + p["row_temps"]
 
 
 def test_script_prints_one_json_line_per_model(monkeypatch, capsys):
-    monkeypatch.setattr(speed, "QUICK", TINY)
+    monkeypatch.setattr(speed_harness, "QUICK", TINY)
     lines = speed.main(["--quick", "--reps", "1", "--steps", "6", "--threads", "1"])
     out = capsys.readouterr().out.strip().splitlines()
     assert [json.loads(s) for s in out[-2:]] == lines

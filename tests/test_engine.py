@@ -206,3 +206,14 @@ def test_summary_reports_counts_and_speedup():
     line = cache.summary(io_share=0.1)
     assert "computed 2/4 steps" in line and "skipped 2" in line and "predicted speed-up 1.82x" in line
     assert cache.stats.measured_speedup(cache.mask) is not None
+
+
+def test_small_caches_are_reported_in_a_readable_unit():
+    from gcache.core.engine import format_bytes
+    assert format_bytes(64) == "64 B" and format_bytes(3 * 1024) == "3.0 KiB"
+    assert format_bytes(25 * 2**20) == "25.0 MiB" and format_bytes(3 * 2**30) == "3.0 GiB"
+    cache = ResidualCache([1, 0])
+    cache.set_step(0)
+    cache.run(torch.zeros(1, 4, 4), ["all"], lambda h: h + 1)
+    cache.close()
+    assert "cache peak 64 B" in cache.summary(0.1)  # not "0.0 MiB"

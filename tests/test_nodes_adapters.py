@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from gcache.core.engine import ResidualCache
-from gcache.nodes.adapters import (ADAPTERS, FALLBACK, Layout, Stack, block_slots, choose_adapter, find_adapter, io_share,
-                                   put_image, take_image)
+from gcache.nodes.adapters import (ADAPTERS, FALLBACK, Layout, ObjectCall, Stack, block_slots, choose_adapter,
+                                   estimated_io_share, find_adapter, put_image, take_image)
 from gcache.nodes.runtime import RunState, activate, branch_keys, deactivate, make_dit_patch, make_gated_forward
 from gcache.nodes.steps import StepTracker
 
@@ -102,10 +102,10 @@ def test_block_slots_roles_and_chroma_skips():
     assert slots[0].first and slots[-1].last
 
 
-def test_io_share_counts_parameters_outside_the_stack():
+def test_estimated_io_share_counts_parameters_outside_the_stack():
     m = Flux()
-    assert io_share(find_adapter(m), m) == pytest.approx(20 / 100)
-    assert io_share(FALLBACK, m) == 0.0
+    assert estimated_io_share(find_adapter(m), m) == pytest.approx(20 / 100)
+    assert estimated_io_share(FALLBACK, m) == 0.0
 
 
 def test_take_and_put_image_tokens():
@@ -230,7 +230,7 @@ def test_patch_without_live_run_or_other_owner_passes_through():
 
 def test_gated_forward_keyword_pair_and_batch_dim():
     from gcache.nodes.adapters import BlockSlot
-    st = Stack("double_stream", "d", "img", arg="image_tokens", returns_text="text_tokens")
+    st = Stack("double_stream", "d", "img", call=ObjectCall("image_tokens", returns_text="text_tokens"))
     blk = lambda image_tokens, text_tokens, **kw: (image_tokens * 2, text_tokens)  # noqa: E731
     fwd = make_gated_forward(BlockSlot(st, 0, "0", True, True), blk, "o")
     run = RunState(ResidualCache([1, 0]), StepTracker([1, .5, 0]), "o")
@@ -246,8 +246,8 @@ def test_gated_forward_keyword_pair_and_batch_dim():
     finally:
         deactivate(tok)
     # Cosmos 1 keeps tokens as T H W B D: the branch chunks are along dim 3
-    st = Stack("block", "blocks", "all", arg=0)
-    fwd = make_gated_forward(BlockSlot(st, 0, "block0", True, True), lambda x, *a, **k: x + 1, "c", batch_dim=3)
+    st = Stack("block", "blocks", "all", call=ObjectCall(0, batch_dim=3))
+    fwd = make_gated_forward(BlockSlot(st, 0, "block0", True, True), lambda x, *a, **k: x + 1, "c")
     run = RunState(ResidualCache([1, 0]), StepTracker([1, .5, 0]), "c")
     tok = activate(run)
     try:

@@ -86,3 +86,26 @@ def test_place_policy_same_count_remap_and_refuse():
 
 def test_normalized_times_clamped():
     assert normalized_times([2.0, 0.5, -1.0], lambda s: s) == [1.0, 0.5, 0.0]
+
+
+def test_schedule_catalog_scans_once_and_place_run_follows_the_tail_rule():
+    from gcache.nodes.steps import ScheduleCatalog, place_run
+    calls = []
+
+    def calculate(name, n):
+        calls.append((name, n))
+        if name == "broken":
+            raise ValueError("cannot make this schedule")
+        return [1.0 - i / n for i in range(n + 1)]  # a linear schedule 1 → 0
+
+    cat = ScheduleCatalog(["broken", "linear"], calculate)
+    full = [1.0 - i / 6 for i in range(7)]
+    # a full run (σ_max … 0) is its own schedule: no scan at all
+    assert place_run(full, 1.0, None, cat, lambda s: False).source == "run" and not calls
+    second_half = full[3:]
+    s = place_run(second_half, 1.0, None, cat, lambda s: False)  # the rest of a split: global steps 3-5
+    assert (s.source, s.offset, s.n_global) == ("model:linear", 3, 6)
+    scanned = len(calls)
+    s = place_run(second_half, 1.0, None, cat, lambda s: True)   # a tail of its own (denoise < 1): own steps
+    assert (s.source, s.offset, s.n_global) == ("run", 0, 3)
+    assert len(calls) == scanned  # the second placement reused every computed (and failed) schedule

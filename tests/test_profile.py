@@ -184,3 +184,29 @@ def test_large_residuals_are_sampled_and_E_stays_close(tiny_model):
     off = ~np.eye(N, dtype=bool)
     assert np.allclose(a.E[off], b.E[off], rtol=0.15)
     assert np.corrcoef(a.E[off], b.E[off])[0, 1] > 0.97
+
+
+class HostGatherFlag(torch.Tensor):
+    """A history tensor that fails on row gathers (hist[[0, 2]]): on an offloaded, pinned history those read
+    the host copy before the asynchronous device-to-host copies of recent rows have landed."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.__getitem__ and isinstance(args[1], (list, torch.Tensor)):
+            raise AssertionError("the offloaded history was read by a host-side gather")
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_history_with_gaps_is_read_in_stream_ordered_slices():
+    rec = ProfileRecorder([1.0, 0.75, 0.5, 0.25], history_device="cpu", chunk_elems=1 << 20)
+    g = torch.Generator().manual_seed(0)
+    hs = [torch.randn(1, 3, 4, generator=g) for _ in range(4)]
+    ds = [torch.randn(1, 3, 4, generator=g) for _ in range(4)]
+    rec.record(0, "all", hs[0], ds[0])
+    rec.branches["all"].hist = rec.branches["all"].hist.as_subclass(HostGatherFlag)
+    for step in (2, 3):  # step 1 is never recorded (a gap): step 3 reads rows 0 and 2
+        rec.record(step, "all", hs[step], ds[step])
+    b = rec.branches["all"]
+    for i in (0, 2, 3):
+        for j in (0, 2, 3):
+            assert b.rows[i, j].item() == pytest.approx((ds[i] - ds[j]).abs().mean().item(), rel=1e-5)

@@ -173,7 +173,7 @@ def test_same_mask_from_two_s_shares_one_evaluation():
     prof = make_profile()
     ev = Evaluator(prof, value=0.5)  # a flat objective: the GP keeps proposing, masks repeat
     res = run_search(prof, SearchConfig(**CFG), ev)
-    assert len(ev.calls) == len(set(ev.calls)) == res.distinct_masks
+    assert len(ev.calls) == len(set(ev.calls)) == res.evaluations
     assert sum(h["reused"] for h in res.history) == len(res.history) - len({h["mask"] for h in res.history})
 
 

@@ -24,7 +24,7 @@ import tiny_video_models as tvm  # noqa: E402
 
 from gcache.core.policy import Policy  # noqa: E402
 from gcache.core.profile import Profile  # noqa: E402
-from gcache.nodes import hooks  # noqa: E402
+from gcache.nodes import configs, hooks  # noqa: E402
 from gcache.nodes.adapters import Route, block_slots, take_image  # noqa: E402
 
 N = 6
@@ -59,8 +59,8 @@ def ksample(model, pos, neg, lat, cfg, **kw):
                                        **kw)[0]["samples"]
 
 
-def holder_of(model):
-    return model.model_options["transformer_options"][hooks.KEY]
+def config_of(model):
+    return hooks.config_of(model)
 
 
 class StackObserver:
@@ -72,8 +72,7 @@ class StackObserver:
         self.model = patched.clone()
         self.calls: list[dict] = []
         self.cur: dict = {}
-        holder = holder_of(self.model)
-        self.adapter = ad = holder.adapter
+        self.adapter = ad = config_of(self.model).adapter
         dm = self.model.get_model_object("diffusion_model")
         # the block's own modules (not the block: an object-patched block is called on skips too)
         watched = list(dm.get_submodule(first_block).modules())[1:] if ad.route != Route.FALLBACK else [dm]
@@ -124,7 +123,7 @@ class StackObserver:
         return observed
 
     def _object(self, fn, slot):
-        arg, bd = slot.stack.arg, self.adapter.batch_dim
+        arg, bd = slot.stack.call.arg, slot.stack.call.batch_dim
 
         def engine(t):
             return t.movedim(bd, 0) if bd else t
@@ -165,16 +164,16 @@ def true_E(calls):
         parts = [d.chunk(n_branches, 0)[b].double() for d in deltas]
         for i in range(len(parts)):
             for j in range(len(parts)):
-                E[i, j] += (parts[i] - parts[j]).abs().mean() / n_branches
+                E[i, j] += (parts[i] - parts[j]).abs().mean().item() / n_branches
     return E
 
 
 def apply(model, mask):
-    return hooks.patch_model(model, hooks.make_holder(model, "apply", policy=Policy(list(mask))))
+    return hooks.patch_model(model, configs.apply_config(model, Policy(list(mask))))
 
 
 def profile(model, path):
-    return hooks.patch_model(model, hooks.make_holder(model, "profile", profile_path=path))
+    return hooks.patch_model(model, configs.profile_config(model, path))
 
 
 CASES = [(name, cfg) for name in FAMILIES for cfg in (1.0, 3.0)]
@@ -187,7 +186,7 @@ def test_family(name, cfg, unet_dir, tmp_path):
     branches = 1 if cfg == 1.0 else 2
 
     # the adapter chosen
-    assert holder_of(apply(model, MASK)).adapter.name == expected
+    assert config_of(apply(model, MASK)).adapter.name == expected
 
     # all ones: bit-identical to the unpatched model
     plain = ksample(model, pos, neg, lat, cfg)
@@ -235,7 +234,7 @@ def test_wan22_14b_two_experts_one_policy_one_profile(wan22_experts, cfg, tmp_pa
     hi, lo, pos, neg, lat = wan22_experts
     first = tvm.FIRST_BLOCK["wan22_14b"]
     branches = 1 if cfg == 1.0 else 2
-    assert holder_of(apply(hi, MASK)).adapter.name == holder_of(apply(lo, MASK)).adapter.name == "wan"
+    assert config_of(apply(hi, MASK)).adapter.name == config_of(apply(lo, MASK)).adapter.name == "wan"
     plain = split(hi, lo, pos, neg, lat, cfg)
     assert torch.equal(plain, split(apply(hi, [1] * N), apply(lo, [1] * N), pos, neg, lat, cfg))
 

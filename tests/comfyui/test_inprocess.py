@@ -23,7 +23,7 @@ import tiny_models as tm  # noqa: E402
 from gcache.core.errors import GCacheError  # noqa: E402
 from gcache.core.policy import Policy  # noqa: E402
 from gcache.core.profile import Profile  # noqa: E402
-from gcache.nodes import hooks, search_node  # noqa: E402
+from gcache.nodes import configs, hooks, search_node  # noqa: E402
 from gcache.nodes.apply_node import GCacheApply  # noqa: E402
 from gcache.nodes.search_node import GCacheSearch  # noqa: E402
 
@@ -74,7 +74,7 @@ class BlockCounter:
 
 
 def apply(model, mask, **kw):
-    return hooks.patch_model(model, hooks.make_holder(model, "apply", policy=Policy(list(mask)), **kw))
+    return hooks.patch_model(model, configs.apply_config(model, Policy(list(mask)), **kw))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -109,8 +109,7 @@ def test_other_step_count_remaps_or_refuses(built):
 def test_two_patched_models_share_nothing(built):
     m, pos, neg, lat = built["flux"]
     a, b = apply(m, [1, 0, 0, 0, 0, 0]), apply(m, [1, 1, 1, 1, 1, 0])
-    ta = a.model_options["transformer_options"]["gcache"].token
-    assert ta != b.model_options["transformer_options"]["gcache"].token
+    assert hooks.config_of(a).owner != hooks.config_of(b).owner
     with BlockCounter(m, "flux") as c:
         ksample(a, pos, neg, lat)
         ksample(b, pos, neg, lat)
@@ -192,10 +191,87 @@ def test_denoise_below_one_uses_the_runs_own_steps(built, tmp_path, monkeypatch)
     from gcache.core import engine
     m, pos, neg, lat = built["flux"]
     path = str(tmp_path / "dn.profile.safetensors")
-    ksample(hooks.patch_model(m, hooks.make_holder(m, "profile", profile_path=path)), pos, neg, lat, denoise=0.5)
+    ksample(hooks.patch_model(m, configs.profile_config(m, path)), pos, neg, lat, denoise=0.5)
     assert Profile.load(path).n_steps == N
     stats = []
     original = engine.ResidualCache.close
     monkeypatch.setattr(engine.ResidualCache, "close", lambda self: stats.append(original(self)) or stats[-1])
     ksample(apply(m, [1, 0, 1, 0, 1, 0]), pos, neg, lat, denoise=0.5)
     assert (stats[-1].computed_steps, stats[-1].skipped_steps) == (3, 3)
+
+
+# ------------------------------------------------------------------------------------------- reliability
+def _damage(path):
+    with open(path, "wb") as f:
+        f.write(b"\x00" * 40)
+
+
+def test_damaged_profile_file_stops_before_sampling(built, gcache_dir):
+    from gcache.nodes.profile_node import GCacheProfile
+    m = built["flux"][0]
+    _damage(gcache_dir / "bad.profile.safetensors")
+    with pytest.raises(GCacheError, match="damaged|truncated"):
+        GCacheProfile.execute(m, "bad", "model device")
+
+
+def test_profile_file_damaged_during_sampling_keeps_the_image_and_the_run(built, tmp_path, monkeypatch, caplog):
+    from gcache.core import profile as core_profile
+    m, pos, neg, lat = built["flux"]
+    path = tmp_path / "x.profile.safetensors"
+    real_finish = core_profile.ProfileRecorder.finish
+
+    def finish_after_damage(self):
+        _damage(path)  # another process or a full disk wrote the file while we sampled
+        return real_finish(self)
+    monkeypatch.setattr(core_profile.ProfileRecorder, "finish", finish_after_damage)
+    with caplog.at_level("ERROR", logger="gcache"):
+        out = ksample(hooks.patch_model(m, configs.profile_config(m, str(path))), pos, neg, lat, cfg=3.0)
+    assert torch.equal(out, ksample(m, pos, neg, lat, cfg=3.0))  # the image is not lost
+    side = tmp_path / "x.unmerged-1.profile.safetensors"
+    assert Profile.load(str(side)).count == 2 and "saved as" in caplog.text
+
+
+def test_load_profile_sees_changes_in_every_gcache_folder(built, gcache_dir, tmp_path_factory):
+    import os
+    from gcache.nodes.profile_node import GCacheLoadProfile
+    second = tmp_path_factory.mktemp("second_gcache")
+    folder_paths.folder_names_and_paths["gcache"] = ([str(gcache_dir), str(second)], {".json", ".safetensors"})
+    folder_paths.filename_list_cache.clear()
+    path = second / "p.profile.safetensors"
+    m, pos, neg, lat = built["flux"]
+    ksample(hooks.patch_model(m, configs.profile_config(m, str(path))), pos, neg, lat)
+    folder_paths.filename_list_cache.clear()
+    before = GCacheLoadProfile.fingerprint_inputs("p")
+    os.utime(path, (1e9, 1e9))
+    assert GCacheLoadProfile.fingerprint_inputs("p") != before
+
+
+def test_unknown_combo_values_are_refused(built, gcache_dir):
+    from gcache.nodes.profile_node import GCacheProfile
+    m = built["flux"][0]
+    Policy([1, 0, 1, 0, 1, 0]).save(str(gcache_dir / "p.json"))
+    folder_paths.filename_list_cache.clear()
+    assert "cache_device" in GCacheApply.validate_inputs("gpu", "remap")
+    assert "step_mismatch" in GCacheApply.validate_inputs("cpu", "ignore")
+    assert GCacheApply.validate_inputs("cpu", "remap") is True
+    assert "history_device" in GCacheProfile.validate_inputs("disk")
+    with pytest.raises(GCacheError, match="cache_device"):
+        GCacheApply.execute(m, "p.json", "gpu", "remap")
+    with pytest.raises(GCacheError, match="step_mismatch"):
+        GCacheApply.execute(m, "p.json", "cpu", "ignore")
+    with pytest.raises(GCacheError, match="history_device"):
+        GCacheProfile.execute(m, "q", "disk")
+
+
+def test_abandoned_split_recording_is_dropped_when_the_next_prompt_starts(built, tmp_path, monkeypatch):
+    m, pos, neg, lat = built["wan"]
+    prompt = ["p1"]
+    monkeypatch.setattr(configs.SPLITS, "prompt_id", lambda: prompt[0])
+    monkeypatch.setattr(configs.SPLITS, "_halves", {})
+    half = hooks.patch_model(m, configs.profile_config(m, str(tmp_path / "split.profile.safetensors")))
+    ksample(half, pos, neg, lat, start_step=0, last_step=3, force_full_denoise=False)
+    assert len(configs.SPLITS) == 1  # the first expert's half waits for the second sampler
+    prompt[0] = "p2"  # the user queues something else; the second sampler never came
+    ksample(hooks.patch_model(m, configs.profile_config(m, str(tmp_path / "other.profile.safetensors"))),
+            pos, neg, lat)
+    assert len(configs.SPLITS) == 0

@@ -151,7 +151,7 @@ def _run(server, prompt):
     pytest.fail("prompt did not finish: " + server["log"].read_text()[-3000:])
 
 
-def test_profile_accumulates_over_two_queued_runs_then_apply_uses_the_policy(server):
+def test_profile_accumulates_queued_runs_once_each_then_apply_uses_the_policy(server):
     prompt = {
         "1": {"class_type": "GCacheTestTinyFlux", "inputs": {"seed": 0}},
         "2": {"class_type": "GCacheTestCond", "inputs": {"tokens": 6, "dim": 32, "pooled": 24, "seed": 1}},
@@ -167,11 +167,15 @@ def test_profile_accumulates_over_two_queued_runs_then_apply_uses_the_policy(ser
     }
     from safetensors import safe_open
     path = server["base"] / "models" / "gcache" / "tiny_flux.profile.safetensors"
-    for runs in (1, 2):  # the same prompt twice: Profile must not be served from the cache
+    # The same prompt twice: Profile is not served from ComfyUI's cache (it samples again) but recognises the
+    # identical run (seed, conditioning, latent) and does not count it twice; another seed is a new sample.
+    for seed, runs in ((3, 1), (3, 1), (4, 2)):
+        prompt["6"]["inputs"]["seed"] = seed
         _run(server, prompt)
         with safe_open(str(path), "pt") as f:
             meta = json.loads(f.metadata()["meta"])
             assert meta["runs"] == runs and int(f.metadata()["count"]) == 2 * runs  # cond + uncond branches
+    assert server["log"].read_text().count("is already in tiny_flux.profile.safetensors") == 1
     os.makedirs(server["base"] / "models" / "gcache", exist_ok=True)
     pol = {"format": "gcache.policy", "version": 1, "mask": [1, 0, 1, 0, 1, 0]}
     (server["base"] / "models" / "gcache" / "tiny.json").write_text(json.dumps(pol))

@@ -14,7 +14,7 @@ import torch
 
 import comfy.supported_models as sm
 
-from tiny_models import CPU, _cond, _patcher, _randomize  # noqa: F401  (CPU re-exported for tests)
+from tiny_models import _cond, _patcher, _randomize
 
 
 def _gen(seed: int) -> torch.Generator:

@@ -1,6 +1,7 @@
 """Tiny random-weight models built from ComfyUI's own classes (test helper; imports ComfyUI).
 
-Each builder returns a ModelPatcher on the CPU and the conditioning/latent shapes it needs. Flux is built
+Each builder returns a ModelPatcher (sampled on ComfyUI's device: the CPU here, the GPU in bench/gpu_check.sh)
+and the conditioning/latent shapes it needs. Flux is built
 directly from its classes (ComfyUI's detection fixes Flux's width at 3072); Wan 2.1 and HunyuanVideo are
 written as safetensors and loaded through comfy.sd.load_diffusion_model, the stock UNETLoader's loader.
 """
@@ -17,6 +18,7 @@ import comfy.supported_models as sm
 import comfy.utils
 
 CPU = torch.device("cpu")
+DEVICE = comfy.model_management.get_torch_device()  # where ComfyUI samples: the GPU in bench/gpu_check.sh
 
 
 def _randomize(module: torch.nn.Module, seed: int, scale: float = 0.05) -> None:
@@ -33,7 +35,7 @@ def _patcher(model_config_cls, unet_config: dict, seed: int):
     model.diffusion_model.to(torch.float32)
     _randomize(model.diffusion_model, seed)
     model.eval()
-    return comfy.model_patcher.ModelPatcher(model, load_device=CPU, offload_device=CPU)
+    return comfy.model_patcher.ModelPatcher(model, load_device=DEVICE, offload_device=CPU)
 
 
 def _cond(batch_tokens: int, dim: int, seed: int, **extra):

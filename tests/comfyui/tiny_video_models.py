@@ -14,7 +14,7 @@ import torch
 
 import comfy.supported_models as sm
 import comfy.utils
-from tiny_models import CPU, _cond, _ops, _patcher, _randomize, load_unet, write_unet  # noqa: F401
+from tiny_models import _cond, _ops, _patcher, _randomize, load_unet, write_unet
 
 
 def _save(sd: dict, path: str) -> str:

@@ -1,13 +1,12 @@
-"""File handling of the nodes (headless): names, lists, refusing paths outside the folder, accumulation."""
+"""The nodes' artifact files (headless): names, lists, accumulation, files beside, no unpickling."""
 import os
 
 import numpy as np
 import pytest
 
 from gcache.core.errors import GCacheError
-from gcache.core.policy import Policy
 from gcache.core.profile import Profile
-from gcache.nodes import files
+from gcache.nodes import artifacts as files
 
 
 def test_paths_and_unsafe_names(tmp_path):
@@ -22,14 +21,6 @@ def test_lists_separate_policies_states_and_profiles():
     names = ["a.json", "a.search.json", "b.profile.safetensors", "a.search.profile.safetensors", "c.txt"]
     assert files.list_policies(names) == ["a.json"]
     assert files.list_profiles(names) == ["a.search", "b"]
-
-
-def test_resolve_in_refuses_anything_outside(tmp_path):
-    Policy([1, 0, 1]).save(str(tmp_path / "p.json"))
-    assert files.load_policy_file(str(tmp_path), "p.json").mask == [1, 0, 1]
-    for bad in ("../p.json", "/etc/passwd", "sub/p.json", "missing.json", ""):
-        with pytest.raises(GCacheError):
-            files.resolve_in(str(tmp_path), bad)
 
 
 def _run_profile(value):
@@ -58,5 +49,22 @@ def test_merge_into_file_accumulates_and_keeps_file_on_bad_merge(tmp_path):
 def test_no_file_name_is_ever_unpickled(tmp_path):
     (tmp_path / "evil.json").write_bytes(b"\x80\x04K\x01.")  # a pickle, not JSON
     with pytest.raises(GCacheError):
-        files.load_policy_file(str(tmp_path), "evil.json")
+        files.read_policy(str(tmp_path / "evil.json"))
     assert os.path.exists(tmp_path / "evil.json")
+
+
+def test_unique_beside_never_overwrites(tmp_path):
+    path = str(tmp_path / "x.profile.safetensors")
+    first = files.unique_beside(path, "unmerged")
+    assert first.endswith("x.unmerged-1.profile.safetensors")
+    open(first, "wb").close()
+    assert files.unique_beside(path, "unmerged").endswith("x.unmerged-2.profile.safetensors")
+
+
+def test_duplicate_run_keys_merge_as_a_set(tmp_path):
+    a, b = _run_profile(1.0), _run_profile(3.0)
+    a.meta["sample_keys"], b.meta["sample_keys"] = ["k1"], ["k2", "k1"]
+    path = str(tmp_path / "x.profile.safetensors")
+    files.merge_into_file(path, a)
+    assert Profile.load(path).sample_keys == ["k1"]
+    assert files.merge_into_file(path, b).sample_keys == ["k1", "k2"]

@@ -18,7 +18,6 @@ from ..core.profile import Profile
 PROFILE_SUFFIX = ".profile.safetensors"
 POLICY_SUFFIX = ".json"
 STATE_SUFFIX = ".search.json"
-NO_PROFILE = "(none: profile reference runs)"
 
 
 def profile_path(folder: str, name: str) -> str:
@@ -42,27 +41,12 @@ def list_profiles(files: list[str]) -> list[str]:
     return sorted(f[:-len(PROFILE_SUFFIX)] for f in files if f.endswith(PROFILE_SUFFIX))
 
 
-def resolve_in(folder: str, file_name: str) -> str:
-    """A file chosen from a list, refused if it names anything outside `folder`."""
-    if not file_name or os.path.basename(file_name) != file_name or file_name.startswith("."):
-        raise GCacheError(f"{file_name!r} is not a file name inside the gcache folder: pick one from the list.")
-    path = os.path.join(folder, file_name)
-    if not os.path.isfile(path):
-        raise GCacheError(f"No file {file_name!r} in {folder}: refresh the node list (press R) or run GCache "
-                          "Search to make a policy.")
-    return path
-
-
 def read_policy(path: str) -> Policy:
     try:
         return Policy.load(path)
     except UnicodeDecodeError:  # core reads text; a binary file is not a policy
         raise GCacheError(f"{os.path.basename(path)} is not a GCache policy (not UTF-8 JSON): pick another file "
                           "or run GCache Search again.") from None
-
-
-def load_policy_file(folder: str, file_name: str) -> Policy:
-    return read_policy(resolve_in(folder, file_name))
 
 
 def load_profile_opt(path: str) -> Optional[Profile]:
@@ -75,3 +59,14 @@ def merge_into_file(path: str, run: Profile) -> Profile:
     total = old.merge(run) if old is not None else run
     total.save(path)
     return total
+
+
+def unique_beside(path: str, tag: str) -> str:
+    """A new file name next to `path`: <name>.<tag>-<n><suffix>, for data that must not overwrite `path`."""
+    folder, base = os.path.split(path)
+    stem, suffix = (base[:-len(PROFILE_SUFFIX)], PROFILE_SUFFIX) if base.endswith(PROFILE_SUFFIX) \
+        else os.path.splitext(base)
+    n = 1
+    while os.path.exists(os.path.join(folder, f"{stem}.{tag}-{n}{suffix}")):
+        n += 1
+    return os.path.join(folder, f"{stem}.{tag}-{n}{suffix}")

@@ -1,0 +1,237 @@
+"""What a GCache-patched model clone is set up to do, and how it starts one sampling run. Imports ComfyUI.
+
+ApplyConfig (GCache Apply) and ProfileConfig (GCache Profile, GCache Search's reference runs) are flat records
+kept in the clone's transformer_options (ModelPatcher.clone deep-copies them: no tensors). Each has
+`start_run(patcher, run_sigmas, sample_key) -> (RunState, finish)`: hooks.py calls it from the OUTER_SAMPLE
+wrapper and calls `finish(ok)` in that wrapper's `finally`.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+import weakref
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import comfy.samplers
+
+from ..core.engine import ResidualCache, format_bytes
+from ..core.errors import GCacheError
+from ..core.policy import Policy
+from ..core.profile import Profile, ProfileRecorder
+from . import artifacts
+from .adapters import Adapter, Route, choose_adapter, estimated_io_share
+from .runtime import RunState
+from .steps import (Schedule, ScheduleCatalog, StepTracker, model_time, normalized_times, place_policy,
+                    place_run)
+
+log = logging.getLogger("gcache")
+CACHE_DEVICES = {"model device": None, "cpu": "cpu"}  # the nodes' combo options → torch device (None: model's)
+STEP_MISMATCH = ("remap", "error")
+
+_CATALOGS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def catalog_for(model_sampling) -> ScheduleCatalog:
+    """The standard-schedule catalog of a model's sampling object, kept as long as that object lives."""
+    cat = _CATALOGS.get(model_sampling)
+    if cat is None:
+        cat = _CATALOGS[model_sampling] = ScheduleCatalog(
+            comfy.samplers.SCHEDULER_NAMES, lambda name, n: comfy.samplers.calculate_sigmas(model_sampling, name, n).tolist())
+    return cat
+
+
+def _where(patcher, run_sigmas: list[float], policy_sigmas, is_own_tail) -> tuple[Schedule, list[float], StepTracker]:
+    ms = patcher.get_model_object("model_sampling")
+    sched = place_run(run_sigmas, float(ms.sigma_max), policy_sigmas, catalog_for(ms), is_own_tail)
+    return sched, normalized_times(sched.sigmas[:-1], model_time(ms)), StepTracker(run_sigmas, sched.offset)
+
+
+@dataclass
+class RunConfig:
+    adapter: Adapter
+    io_share: float                  # estimated (parameter count) share of a step outside the block stack
+    model_name: str
+    owner: str = field(default_factory=lambda: uuid.uuid4().hex)  # finds this clone's live run (runtime.py)
+
+    @staticmethod
+    def describe(diffusion_model) -> dict:
+        ad = choose_adapter(diffusion_model)
+        return {"adapter": ad, "io_share": estimated_io_share(ad, diffusion_model),
+                "model_name": type(diffusion_model).__name__}
+
+    def warn_if_unpatched(self, run: RunState) -> None:
+        """The model was called but no block patch ever was: its block loop does not ask for the patches the
+        adapter set (a changed ComfyUI or a custom forward). Say so rather than silently doing nothing."""
+        if run.calls and not run.cache.stats.stack_calls and self.adapter.route != Route.FALLBACK:
+            log.warning("GCache: %s was sampled %d times but its %s blocks were never reached through the %s "
+                        "patches: nothing was cached or profiled. Please report this model and ComfyUI version.",
+                        self.model_name, run.calls, self.adapter.name, self.adapter.route.value)
+
+
+@dataclass
+class ApplyConfig(RunConfig):
+    policy: Optional[Policy] = None
+    on_mismatch: str = "remap"       # "remap" | "error"
+    cache_device: Optional[str] = None  # None: the model's device; "cpu"
+
+    def start_run(self, patcher, run_sigmas: list[float], sample_key: Callable[[], str]):
+        pol = self.policy
+        sched, times, tracker = _where(patcher, run_sigmas, pol.sigmas, lambda s: pol.n_steps == s.n_run)
+        placement = place_policy(pol, sched, times, self.on_mismatch)
+        cache = ResidualCache(placement.mask, cache_device=self.cache_device)
+        run = RunState(cache, tracker, self.owner)
+
+        def finish(ok: bool):
+            cache.close()
+            self.warn_if_unpatched(run)
+            extra = [x for x in (placement.note, self.adapter.name if self.adapter.route == Route.FALLBACK else "")
+                     if x]
+            log.info("%s [%s, %s%s]%s", cache.summary(self.io_share), self.model_name, sched.where(),
+                     "".join(f"; {x}" for x in extra), "" if ok else " (sampling did not finish)")
+        return run, finish
+
+
+# ------------------------------------------------------------------------------------------------ profile
+@dataclass
+class _Half:
+    """The first part of a split schedule, recorded, waiting for the sampler of the remaining steps."""
+    recorder: Optional[ProfileRecorder]  # None: a duplicate run, recorded by nobody
+    key: str                             # the sample key of the whole run (taken in its first part)
+    end: int                             # the global step the next part must start at
+    sigmas: list[float]                  # the full schedule
+    prompt: Optional[str]
+
+
+class PendingSplits:
+    """The one owner of half-recorded split profiles (Wan 2.2's two experts: two samplers, two model clones,
+    one profile file). Module-level because the two halves belong to different clones; keyed by profile
+    file. Lifetime: the prompt that started them. A new prompt drops what an earlier one left (an abandoned half
+    keeps its residual history, possibly on the GPU), and a new first half replaces an older one."""
+
+    def __init__(self, prompt_id: Callable[[], Optional[str]]):
+        self.prompt_id = prompt_id
+        self._halves: dict[str, _Half] = {}
+
+    def expire(self) -> None:
+        now = self.prompt_id()
+        for path in [p for p, h in self._halves.items() if now is not None and h.prompt != now]:
+            log.info("GCache Profile: dropping the unfinished split recording of %s from an earlier prompt.",
+                     os.path.basename(path))
+            del self._halves[path]
+
+    def continues(self, path: str, sched: Schedule) -> bool:
+        h = self._halves.get(path)
+        return h is not None and h.end == sched.offset and h.sigmas == sched.sigmas
+
+    def take(self, path: str, sched: Schedule) -> Optional[_Half]:
+        return self._halves.pop(path) if self.continues(path, sched) else None
+
+    def put(self, path: str, half: _Half) -> None:
+        self._halves.clear()  # at most one half waits: its history may be large
+        self._halves[path] = half
+
+    def __len__(self) -> int:
+        return len(self._halves)
+
+
+def _prompt_id() -> Optional[str]:
+    try:
+        from comfy_execution.utils import get_executing_context
+    except ImportError:  # an older ComfyUI: halves then live until consumed or replaced
+        return None
+    ctx = get_executing_context()
+    return getattr(ctx, "prompt_id", None) if ctx is not None else None
+
+
+SPLITS = PendingSplits(_prompt_id)
+
+
+@dataclass
+class ProfileConfig(RunConfig):
+    profile_path: str = ""
+    history_device: Optional[str] = None
+
+    def check_file(self) -> Optional[Profile]:
+        """The profile already in the file (None if there is none); a damaged file stops here, before any
+        sampling, with what to do."""
+        try:
+            return artifacts.load_profile_opt(self.profile_path)
+        except GCacheError as e:
+            raise GCacheError(f"{e} (profile file {self.profile_path}; GCache Profile adds to it, so it must be "
+                              "readable before sampling starts)") from None
+
+    def start_run(self, patcher, run_sigmas: list[float], sample_key: Callable[[], str]):
+        path = self.profile_path
+        SPLITS.expire()
+        sched, times, tracker = _where(patcher, run_sigmas, None, lambda s: not SPLITS.continues(path, s))
+        meta = {"family": self.adapter.name, "model": self.model_name, "schedule": sched.source}
+        half = SPLITS.take(path, sched)
+        if half is not None:  # the second sampler of a split schedule continues the first one's record
+            recorder, key = half.recorder, half.key
+        else:
+            old = self.check_file()
+            if old is not None:
+                try:
+                    old.check_compatible(Profile.empty(times, sched.sigmas[:-1], meta))
+                except GCacheError as e:
+                    raise GCacheError(f"{e} (profile file {path})") from None
+            key = sample_key()
+            recorder = ProfileRecorder(times, sched.sigmas[:-1], meta, history_device=self.history_device)
+            if old is not None and key in old.sample_keys:
+                log.info("GCache Profile: this run (same seed, conditioning, latent and schedule) is already in %s; "
+                         "it is sampled but not added again.", os.path.basename(path))
+                recorder = None
+        cache = ResidualCache(None, recorder=recorder)
+        run = RunState(cache, tracker, self.owner)
+
+        def finish(ok: bool):
+            cache.close()
+            self.warn_if_unpatched(run)
+            if not ok:
+                log.info("GCache Profile: sampling did not finish; nothing was added.")
+                return
+            if sched.end < sched.n_global:
+                SPLITS.put(path, _Half(recorder, key, sched.end, sched.sigmas, SPLITS.prompt_id()))
+                if recorder is not None:
+                    log.info("GCache Profile: recorded %s (%s held); waiting for the sampler of the remaining "
+                             "steps.", sched.where(), format_bytes(recorder.peak_bytes))
+                return
+            if recorder is None:
+                return
+            prof = recorder.finish()
+            if prof.count == 0:
+                log.warning("GCache Profile: no branch recorded every step; nothing was added.")
+                return
+            prof.meta["sample_keys"] = [key]
+            self._add(prof, sched)
+        return run, finish
+
+    def _add(self, prof: Profile, sched: Schedule) -> None:
+        """Merge into the file. A file damaged or replaced during sampling must not cost the user the image:
+        the run goes to a file of its own and the log says what happened."""
+        try:
+            total = artifacts.merge_into_file(self.profile_path, prof)
+        except GCacheError as e:
+            side = artifacts.unique_beside(self.profile_path, "unmerged")
+            prof.save(side)
+            log.error("GCache Profile: could not add this run to %s (%s). The run was saved as %s instead.",
+                      self.profile_path, e, side)
+            return
+        log.info("GCache Profile: added %d sample(s) over %s to %s (%d runs in total).", prof.count,
+                 sched.where(), self.profile_path, int(total.meta.get("runs", 0)))
+
+
+def apply_config(model, policy: Policy, on_mismatch: str = "remap", cache_device: Optional[str] = None) -> ApplyConfig:
+    if on_mismatch not in STEP_MISMATCH:
+        raise GCacheError(f"step_mismatch must be one of {', '.join(STEP_MISMATCH)}, got {on_mismatch!r}.")
+    return ApplyConfig(**RunConfig.describe(model.get_model_object("diffusion_model")), policy=policy,
+                       on_mismatch=on_mismatch, cache_device=cache_device)
+
+
+def profile_config(model, profile_path: str, history_device: Optional[str] = None) -> ProfileConfig:
+    cfg = ProfileConfig(**RunConfig.describe(model.get_model_object("diffusion_model")), profile_path=profile_path,
+                        history_device=history_device)
+    cfg.check_file()
+    return cfg
