@@ -18,6 +18,17 @@ POLICY_FORMAT = "gcache.policy"
 POLICY_VERSION = 1
 
 
+def k_for_speedup(n_steps: int, speedup: float, io_share: float) -> int:
+    """The K (computed steps of N) whose predicted speed-up is the largest not above `speedup`, from
+    N / (K + (N − K)·io_share); at least 1. Raises when the target is below 1."""
+    if not math.isfinite(speedup) or speedup < 1.0:
+        raise GCacheError(f"A target speed-up must be at least 1.0 (no speed-up), got {speedup}.")
+    if not 0.0 <= io_share < 1.0:
+        raise GCacheError(f"io_share must lie in [0, 1), got {io_share}.")
+    k = math.ceil((n_steps / speedup - n_steps * io_share) / (1.0 - io_share) - 1e-9)
+    return max(1, min(n_steps, k))
+
+
 def predicted_speedup(n_steps: int, n_computed: int, io_share: float) -> float:
     """N·T / (K·T + (N−K)·T_io) with io_share = T_io / T (cost of a step without the block stack)."""
     if not 0.0 <= io_share <= 1.0:

@@ -6,7 +6,7 @@ from comfy_api.latest import io
 from ..core.errors import GCacheError
 from . import comfy_common as cc
 from . import artifacts, hooks
-from .configs import CACHE_DEVICES, STEP_MISMATCH, apply_config
+from .configs import CACHE_DEVICES, STEP_MISMATCH, apply_config, auto_config
 
 
 class GCacheApply(io.ComfyNode):
@@ -15,20 +15,27 @@ class GCacheApply(io.ComfyNode):
         return io.Schema(
             node_id="GCacheApply", display_name="GCache Apply", category=cc.CATEGORY,
             description="Skip the transformer block stack on the steps a GCache policy marks 0 and reuse the "
-                        "cached residual of the last computed step. Logs computed/skipped steps and speed-ups.",
+                        "cached residual of the last computed step. With policy_file (auto) and no policy connected, "
+                        "the first run profiles and saves an instant policy for this model, steps, scheduler and "
+                        "speed-up, and every later run applies it. Logs computed/skipped steps and speed-ups.",
             inputs=[
                 io.Model.Input("model", tooltip="The diffusion model to accelerate (Flux, Wan, HunyuanVideo, …)."),
                 io.Combo.Input("policy_file", options=cc.policy_choices(),
-                               tooltip="A saved policy from models/gcache/ (made by GCache Search). Ignored when a "
-                                       "policy is connected."),
+                               tooltip="(auto): find or make a policy for this model by itself (the first run "
+                                       "computes every step and profiles it). Or a saved policy from models/gcache/ "
+                                       "(GCache Policy or GCache Search). Ignored when a policy is connected."),
                 io.Combo.Input("cache_device", options=list(CACHE_DEVICES), default="model device",
                                tooltip="Where cached residuals live: the model's device (fastest) or CPU (saves "
                                        "GPU memory, costs a copy per skipped step)."),
                 io.Combo.Input("step_mismatch", options=list(STEP_MISMATCH), default="remap",
                                tooltip="When the sampler runs another step count than the policy was made for: "
                                        "remap the policy by normalized time, or stop with an error."),
+                io.Float.Input("auto_speedup", default=2.0, min=1.0, max=20.0, step=0.1, round=0.01, optional=True,
+                               tooltip="(auto) only: the target speed-up; K is the fewest computed steps whose "
+                                       "predicted speed-up does not exceed it. Optional, so that API prompts written "
+                                       "before it existed still run."),
                 cc.GCachePolicy.Input("policy", optional=True,
-                                      tooltip="A policy from GCache Search; overrides policy_file."),
+                                      tooltip="A policy from GCache Policy or GCache Search; overrides policy_file."),
             ],
             outputs=[io.Model.Output(tooltip="The model with GCache; connect it to your sampler.")],
         )
@@ -44,12 +51,13 @@ class GCacheApply(io.ComfyNode):
         return True
 
     @classmethod
-    def execute(cls, model, policy_file, cache_device, step_mismatch, policy=None) -> io.NodeOutput:
+    def execute(cls, model, policy_file, cache_device, step_mismatch, auto_speedup=2.0, policy=None) -> io.NodeOutput:
         cc.check_choice("cache_device", cache_device, list(CACHE_DEVICES))
-        if policy is None:
-            if policy_file == cc.NO_FILE:
-                raise GCacheError("No policy: connect GCache Search's policy output, or pick a policy file from "
-                                  "models/gcache/ (run GCache Search once to make one).")
-            policy = artifacts.read_policy(cc.find_file(policy_file))
-        config = apply_config(model, policy, on_mismatch=step_mismatch, cache_device=CACHE_DEVICES[cache_device])
+        device = CACHE_DEVICES[cache_device]
+        if policy is None and policy_file in (cc.AUTO, cc.NO_FILE):
+            config = auto_config(model, cc.folder(), auto_speedup, on_mismatch=step_mismatch, cache_device=device)
+        else:
+            if policy is None:
+                policy = artifacts.read_policy(cc.find_file(policy_file))
+            config = apply_config(model, policy, on_mismatch=step_mismatch, cache_device=device)
         return io.NodeOutput(hooks.patch_model(model, config))

@@ -17,6 +17,7 @@ GCachePolicy = io.Custom("GCACHE_POLICY")
 GCacheProfile = io.Custom("GCACHE_PROFILE")
 FOLDER = "gcache"
 NO_FILE = "(none)"
+AUTO = "(auto)"
 
 
 def register_folder() -> None:
@@ -36,7 +37,11 @@ def folder() -> str:
 
 def all_files() -> list[str]:
     register_folder()
-    return list(folder_paths.get_filename_list(FOLDER))
+    try:
+        return list(folder_paths.get_filename_list(FOLDER))
+    except FileNotFoundError:  # a listed folder was deleted while ComfyUI runs: its cached listing is stale
+        folder_paths.filename_list_cache.pop(FOLDER, None)
+        return list(folder_paths.get_filename_list(FOLDER))
 
 
 def find_file(name: str) -> str:
@@ -48,7 +53,8 @@ def find_file(name: str) -> str:
 
 
 def policy_choices() -> list[str]:
-    return artifacts.list_policies(all_files()) or [NO_FILE]
+    """GCache Apply's list: "(auto)" first (no file needed), then the saved policies."""
+    return [AUTO] + artifacts.list_policies(all_files())
 
 
 def profile_choices() -> list[str]:

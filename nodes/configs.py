@@ -1,6 +1,7 @@
 """What a GCache-patched model clone is set up to do, and how it starts one sampling run. Imports ComfyUI.
 
-ApplyConfig (GCache Apply) and ProfileConfig (GCache Profile, GCache Search's reference runs) are flat records
+ApplyConfig (GCache Apply), ProfileConfig (GCache Profile, GCache Search's reference runs) and AutoConfig (GCache
+Apply with no policy: profile once, then apply an instant policy) are flat records
 kept in the clone's transformer_options (ModelPatcher.clone deep-copies them: no tensors). Each has
 `start_run(patcher, run_sigmas, sample_key) -> (RunState, finish)`: hooks.py calls it from the OUTER_SAMPLE
 wrapper and calls `finish(ok)` in that wrapper's `finally`.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import uuid
 import weakref
 from dataclasses import dataclass, field
@@ -18,10 +20,11 @@ import comfy.samplers
 
 from ..core.engine import ResidualCache, format_bytes
 from ..core.errors import GCacheError
-from ..core.policy import Policy
+from ..core.policy import Policy, k_for_speedup
 from ..core.profile import Profile, ProfileRecorder
 from . import artifacts
 from .adapters import Adapter, Route, choose_adapter, estimated_io_share
+from .fingerprint import content_hash
 from .runtime import RunState
 from .steps import (Schedule, ScheduleCatalog, StepTracker, model_time, normalized_times, place_policy,
                     place_run)
@@ -166,7 +169,8 @@ class ProfileConfig(RunConfig):
         path = self.profile_path
         SPLITS.expire()
         sched, times, tracker = _where(patcher, run_sigmas, None, lambda s: not SPLITS.continues(path, s))
-        meta = {"family": self.adapter.name, "model": self.model_name, "schedule": sched.source}
+        meta = {"family": self.adapter.name, "model": self.model_name, "schedule": sched.source,
+                "io_share": round(self.io_share, 4)}
         half = SPLITS.take(path, sched)
         if half is not None:  # the second sampler of a split schedule continues the first one's record
             recorder, key = half.recorder, half.key
@@ -221,6 +225,107 @@ class ProfileConfig(RunConfig):
             return
         log.info("GCache Profile: added %d sample(s) over %s to %s (%d runs in total).", prof.count,
                  sched.where(), self.profile_path, int(total.meta.get("runs", 0)))
+
+
+# ------------------------------------------------------------------------------------------------ auto
+def model_key(model) -> str:
+    """A short name for the weights a ModelPatcher samples with (checkpoint and LoRAs): shapes, a few values
+    and the patches, hashed. Two checkpoints of one family get different keys; batch and resolution don't count."""
+    dm = model.get_model_object("diffusion_model")
+    params = list(dm.named_parameters())
+    picks = sorted({0, len(params) // 2, len(params) - 1}) if params else []
+    patches = sorted((str(k), [float(p[0]) for p in v if isinstance(p[0], (int, float))])
+                     for k, v in getattr(model, "patches", {}).items())
+    return content_hash(type(dm).__name__, sum(p.numel() for _, p in params),
+                        [(n, tuple(p.shape)) for n, p in params[:16]],
+                        [params[i][1].detach().reshape(-1)[:256] for i in picks], patches)[:8]
+
+
+@dataclass
+class AutoConfig(RunConfig):
+    """GCache Apply with no policy: find this model's saved policy for the run's steps, scheduler and budget;
+    else make one (profile this run with every step computed, then the instant theory-DP policy). Files:
+    models/gcache/auto_<Model>-<key>_<N>steps_<scheduler>_<speed-up>x.{profile.safetensors,json}."""
+    folder: str = ""
+    key: str = ""                   # model_key(model)
+    speedup: float = 2.0            # the budget, as a target speed-up (K via the estimated io share)
+    on_mismatch: str = "remap"
+    cache_device: Optional[str] = None
+
+    def base_name(self, n_steps, scheduler: str) -> str:
+        return f"auto_{self.model_name}-{self.key}_{n_steps}steps_{scheduler}_{self.speedup:g}x"
+
+    def _base(self, patcher, run_sigmas: list[float]) -> tuple[Optional[str], Schedule]:
+        ms = patcher.get_model_object("model_sampling")
+        sched = place_run(run_sigmas, float(ms.sigma_max), None, catalog_for(ms), lambda s: True)
+        scheduler = catalog_for(ms).name_of(run_sigmas) or "custom-" + content_hash(run_sigmas)[:6]
+        return (None if sched.is_slice else self.base_name(sched.n_run, scheduler)), sched
+
+    def start_run(self, patcher, run_sigmas: list[float], sample_key: Callable[[], str]):
+        base, sched = self._base(patcher, run_sigmas)
+        common = dict(adapter=self.adapter, io_share=self.io_share, model_name=self.model_name, owner=self.owner)
+        if base is None:  # a KSamplerAdvanced slice (Wan 2.2's experts): one sampler sees half the schedule
+            log.warning("GCache Apply auto: this sampler runs %s, a slice of a schedule; auto mode profiles whole "
+                        "runs only, so every step is computed. For split samplers give both models a GCache Profile "
+                        "with one name, then GCache Policy → GCache Apply.", sched.where())
+            return ApplyConfig(**common, policy=Policy.all_ones(sched.n_global)).start_run(patcher, run_sigmas,
+                                                                                           sample_key)
+        policy, how = self._find_policy(base, sched.n_run)
+        if policy is not None:
+            log.info("GCache Apply auto: %s", how)
+            return ApplyConfig(**common, policy=policy, on_mismatch="remap",
+                               cache_device=self.cache_device).start_run(patcher, run_sigmas, sample_key)
+        prof_path = artifacts.profile_path(self.folder, base)
+        log.info("GCache Apply auto: no policy for this model, %d steps and %gx yet: this run computes every step "
+                 "and profiles it (%s).", sched.n_run, self.speedup, os.path.basename(prof_path))
+        run, profile_finish = ProfileConfig(**common, profile_path=prof_path).start_run(patcher, run_sigmas, sample_key)
+
+        def finish(ok: bool):
+            profile_finish(ok)
+            if ok and os.path.isfile(prof_path):
+                pol = self._build(base, Profile.load(prof_path))
+                log.info("GCache Apply auto: saved %s (K = %d of %d, predicted %.2fx); the next run applies it.",
+                         artifacts.policy_path(self.folder, base), pol.n_computed, pol.n_steps,
+                         pol.metrics["predicted_speedup"])
+        return run, finish
+
+    def _find_policy(self, base: str, n: int) -> tuple[Optional[Policy], str]:
+        path = artifacts.policy_path(self.folder, base)
+        if os.path.isfile(path):
+            return artifacts.read_policy(path), f"applying {os.path.basename(path)}"
+        prof_path = artifacts.profile_path(self.folder, base)
+        prof = artifacts.load_profile_opt(prof_path)
+        if prof is not None and prof.count > 0:
+            pol = self._build(base, prof)
+            return pol, f"built {os.path.basename(path)} from the saved {os.path.basename(prof_path)}"
+        if self.on_mismatch == "remap":  # the same model, scheduler and budget at another step count
+            pattern = re.compile(re.escape(base).replace(f"_{n}steps_", r"_(\d+)steps_") + r"\.json")
+            others = sorted((abs(int(m.group(1)) - n), f) for f in os.listdir(self.folder)
+                            if (m := pattern.fullmatch(f)))
+            if others:
+                f = others[0][1]
+                return artifacts.read_policy(os.path.join(self.folder, f)), f"remapping {f} to {n} steps"
+        return None, ""
+
+    def _build(self, base: str, profile: Profile) -> Policy:
+        from ..search.instant import instant_policy  # search/ is only needed once a policy is made
+        io_share = float(profile.meta.get("io_share", self.io_share))
+        pol = instant_policy(profile, k_for_speedup(profile.n_steps, self.speedup, io_share), "theory")
+        pol.metrics["predicted_speedup"] = round(pol.predicted_speedup(io_share), 3)
+        pol.provenance["auto"] = {"model": self.model_name, "key": self.key, "speedup": self.speedup}
+        pol.save(artifacts.policy_path(self.folder, base))
+        return pol
+
+
+def auto_config(model, folder: str, speedup: float, on_mismatch: str = "remap",
+                cache_device: Optional[str] = None) -> AutoConfig:
+    if not speedup >= 1.0:
+        raise GCacheError(f"auto_speedup must be at least 1.0, got {speedup}.")
+    if on_mismatch not in STEP_MISMATCH:
+        raise GCacheError(f"step_mismatch must be one of {', '.join(STEP_MISMATCH)}, got {on_mismatch!r}.")
+    return AutoConfig(**RunConfig.describe(model.get_model_object("diffusion_model")), folder=folder,
+                      key=model_key(model), speedup=float(speedup), on_mismatch=on_mismatch,
+                      cache_device=cache_device)
 
 
 def apply_config(model, policy: Policy, on_mismatch: str = "remap", cache_device: Optional[str] = None) -> ApplyConfig:

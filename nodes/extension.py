@@ -4,6 +4,7 @@ from __future__ import annotations
 from comfy_api.latest import ComfyExtension, io
 
 from .apply_node import GCacheApply
+from .policy_node import GCachePolicy
 from .comfy_common import register_folder
 from .profile_node import GCacheLoadProfile, GCacheProfile
 from .search_node import GCacheSearch
@@ -14,4 +15,4 @@ class GCacheExtension(ComfyExtension):
         register_folder()
 
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
-        return [GCacheApply, GCacheProfile, GCacheSearch, GCacheLoadProfile]
+        return [GCacheApply, GCacheProfile, GCachePolicy, GCacheSearch, GCacheLoadProfile]

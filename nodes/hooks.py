@@ -1,6 +1,6 @@
 """Wire GCache into a ComfyUI ModelPatcher clone: wrappers + block patches, nothing else. Imports ComfyUI.
 
-model.clone() → the config (configs.py: ApplyConfig or ProfileConfig; plain data, no tensors) in
+model.clone() → the config (configs.py: ApplyConfig, AutoConfig or ProfileConfig; plain data, no tensors) in
 transformer_options["gcache"], three wrappers keyed "gcache" (OUTER_SAMPLE: the config starts the per-run
 state, released in `finally`; SAMPLER_SAMPLE: the step callback; APPLY_MODEL: the step of every model call,
 and the whole-model fallback) and the family's block patches. Nothing is stored on the shared diffusion model;
@@ -14,13 +14,13 @@ from typing import Optional, Union
 from comfy.patcher_extension import WrappersMP
 
 from .adapters import Route, block_slots
-from .configs import ApplyConfig, ProfileConfig
+from .configs import ApplyConfig, AutoConfig, ProfileConfig
 from .fingerprint import content_hash
 from .runtime import activate, current_run, deactivate, make_dit_patch, make_gated_forward
 
 log = logging.getLogger("gcache")
 KEY = "gcache"
-Config = Union[ApplyConfig, ProfileConfig]
+Config = Union[ApplyConfig, AutoConfig, ProfileConfig]
 
 
 def patch_model(model, config: Config):

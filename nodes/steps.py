@@ -115,18 +115,33 @@ class ScheduleCatalog:
         self.calculate = calculate
         self._known: dict[tuple[str, int], Optional[list[float]]] = {}
 
+    def _get(self, name: str, n: int) -> Optional[list[float]]:
+        key = (name, n)
+        if key not in self._known:
+            try:
+                self._known[key] = [float(v) for v in self.calculate(name, n)]
+            except Exception:  # noqa: BLE001  any failure means "no such schedule", never a crash
+                self._known[key] = None
+        return self._known[key]
+
+    def name_of(self, run_sigmas: Sequence[float]) -> Optional[str]:
+        """The scheduler whose full schedule of this length is `run_sigmas` (first in `names` order), or None."""
+        run = [float(v) for v in run_sigmas]
+        n = len(run) - 1
+        scale = max(abs(v) for v in run) if run else 1.0
+        for name in self.names:
+            full = self._get(name, n)
+            if full is not None and len(full) == len(run) and all(_close(a, b, scale) for a, b in zip(run, full)):
+                return name
+        return None
+
     def candidates(self, n_run: int) -> Iterable[tuple[str, list[float]]]:
         """Full schedules longer than a run of n_run steps, shortest first."""
         for n in range(n_run + 1, max(MAX_SCHEDULE_SEARCH, 4 * n_run)):
             for name in self.names:
-                key = (name, n)
-                if key not in self._known:
-                    try:
-                        self._known[key] = [float(v) for v in self.calculate(name, n)]
-                    except Exception:  # noqa: BLE001  any failure means "no such schedule", never a crash
-                        self._known[key] = None
-                if self._known[key] is not None:
-                    yield name, self._known[key]
+                full = self._get(name, n)
+                if full is not None:
+                    yield name, full
 
 
 def place_run(run_sigmas: Sequence[float], sigma_max: float, policy_sigmas: Optional[Sequence[float]],

@@ -17,6 +17,7 @@ from ..core.policy import Policy, check_budget
 from ..core.profile import Profile
 from ..core.weights import analytic_w
 from .dp import dp_mask
+from .instant import instant_policy
 
 
 def _policy(mask: Sequence[int], profile: Optional[Profile], method: str, **prov) -> Policy:
@@ -85,8 +86,7 @@ def teacache_policy(profile: Profile, k: int) -> Policy:
 
 
 def local_dp_policy(profile: Profile, k: int) -> Policy:
-    mask, cost = dp_mask(profile.E, np.zeros(profile.n_steps), k)
-    return _policy(mask, profile, "local_dp", k=k, bound=cost)
+    return instant_policy(profile, k, "local")
 
 
 def theory_dp_policy(profile: Profile, k: int, lipschitz: float = 1.0, lipschitz_out: float = 1.0,

@@ -1,6 +1,8 @@
 """Pictures a person can look at (Pillow only, no matplotlib): the search and the profile.
 
-plot_search:  loss per iteration (grid / GP / reused / final, running best), the learned w(t), the mask timeline.
+plot_search:  loss per iteration (instant / grid / GP / reused / final, running best), the learned w(t), the mask
+              timeline (the chosen mask, and which method it came from).
+plot_policy:  an instant policy: its propagation weights w_j per step and the mask timeline.
 plot_profile: the E heatmap (log scale) and the local indicators ‖δ‖, rel-L1 of δ, rel-L1 of h per step.
 """
 from __future__ import annotations
@@ -117,6 +119,21 @@ def plot_search(result_or_state, times: Optional[Sequence[float]] = None) -> Ima
                                                    if hist else [])
     if mask:
         _mask_row(d, 2 * PANEL_H + 10, mask, f"mask: {sum(mask)} of {len(mask)} steps computed (blue)")
+    return img
+
+
+def plot_policy(policy, w: Sequence[float], title: str = "") -> Image.Image:
+    """w_j per step (dots on the policy's normalized times, computed steps filled) and the mask timeline."""
+    img = Image.new("RGB", (W, PANEL_H + 76), BG)
+    d = ImageDraw.Draw(img)
+    times = policy.times or [1.0 - i / policy.n_steps for i in range(policy.n_steps)]
+    w = [float(v) for v in w]
+    p = _Panel(d, 0, title or f"propagation weight w_j per step ({policy.method})   (t: 1 = start -> 0 = end)",
+               (1.0, 0.0), (min(w), max(w) + 1e-9))
+    p.line(times, w, COLORS["a"], width=1)
+    for tj, wj, m in zip(times, w, policy.mask):
+        p.dot(tj, wj, COLORS["a"], r=4, hollow=not m)
+    _mask_row(d, PANEL_H + 10, policy.mask, f"mask: {policy.n_computed} of {policy.n_steps} steps computed (blue)")
     return img
 
 

@@ -275,3 +275,66 @@ def test_abandoned_split_recording_is_dropped_when_the_next_prompt_starts(built,
     ksample(hooks.patch_model(m, configs.profile_config(m, str(tmp_path / "other.profile.safetensors"))),
             pos, neg, lat)
     assert len(configs.SPLITS) == 0
+
+
+# ------------------------------------------------------------------------------------------- instant / auto
+def _cpu_time_of(fn, repeats=3):
+    """Median CPU time of this thread (torch runs single-threaded here): steadier than wall time on a busy box."""
+    import statistics
+    import time
+    ts = []
+    for _ in range(repeats):
+        t0 = time.thread_time()
+        fn()
+        ts.append(time.thread_time() - t0)
+    return statistics.median(ts)
+
+
+def test_apply_auto_profiles_once_then_applies_the_instant_policy(built, gcache_dir, caplog):
+    import os
+    from gcache.search.instant import instant_policy
+    m, pos, neg, lat = built["flux"]
+    model = GCacheApply.execute(m, "(auto)", "model device", "remap", 2.0).result[0]
+    with caplog.at_level("INFO", logger="gcache"), BlockCounter(m, "flux") as first:
+        ksample(model, pos, neg, lat, cfg=3.0)
+    assert len(first.batches) == N  # the first run computes every step (and profiles it)
+    names = sorted(os.listdir(gcache_dir))
+    assert len(names) == 2 and all(n.startswith("auto_Flux-") and "_6steps_simple_2x" in n for n in names), names
+    assert "computes every step and profiles it" in caplog.text and "the next run applies it" in caplog.text
+    pol = Policy.load(str(gcache_dir / names[0]))
+    prof = Profile.load(str(gcache_dir / names[1]))
+    assert pol.mask == instant_policy(prof, pol.n_computed, "theory").mask and pol.n_computed < N
+    caplog.clear()
+    with caplog.at_level("INFO", logger="gcache"), BlockCounter(m, "flux") as second:
+        ksample(model, pos, neg, lat, cfg=3.0)
+    assert sum(second.batches) == pol.n_computed * 2  # K steps, two branches (cond and uncond) in one batch
+    assert f"applying {names[0]}" in caplog.text
+    # faster than the plain model (CPU time of the sampling thread, medians of 3)
+    assert _cpu_time_of(lambda: ksample(model, pos, neg, lat, cfg=3.0)) < \
+        0.9 * _cpu_time_of(lambda: ksample(m, pos, neg, lat, cfg=3.0))
+    # another batch size keeps the policy; another step count remaps it; neither profiles again
+    with BlockCounter(m, "flux") as c:
+        ksample(model, pos, neg, lat.repeat(2, 1, 1, 1))
+    assert len(c.batches) == pol.n_computed and c.batches[0] == 2
+    caplog.clear()
+    with caplog.at_level("INFO", logger="gcache"), BlockCounter(m, "flux") as c:
+        ksample(model, pos, neg, lat, steps=12)
+    assert "remapping " + names[0] in caplog.text and len(c.batches) == pol.n_computed * 2  # K scales with N
+    assert sorted(os.listdir(gcache_dir)) == names
+
+
+def test_policy_node_equals_theory_dp_policy(built, gcache_dir):
+    from gcache.nodes.policy_node import GCachePolicy
+    from gcache.search.baselines import theory_dp_policy
+    m, pos, neg, lat = built["flux"]
+    path = str(gcache_dir / "t.profile.safetensors")
+    ksample(hooks.patch_model(m, configs.profile_config(m, path)), pos, neg, lat, cfg=3.0)
+    prof = Profile.load(path)
+    pol, image = GCachePolicy.execute(prof, "K", 2.0, 3, "theory", "", "mine").result
+    assert pol.mask == theory_dp_policy(prof, 3).mask and image.shape[-1] == 3
+    assert Policy.load(str(gcache_dir / "mine.json")).mask == pol.mask
+    pol2 = GCachePolicy.execute(prof, "speed-up", 1.5, 3, "local", "", "").result[0]
+    assert pol2.metrics["predicted_speedup"] <= 1.5 and pol2.method == "local_dp"
+    assert GCachePolicy.execute(prof, "K", 2.0, 2, "bernstein", "3, 1, 0", "").result[0].n_computed == 2
+    with pytest.raises(GCacheError, match="bernstein_s"):
+        GCachePolicy.execute(prof, "K", 2.0, 2, "bernstein", "a, b", "")

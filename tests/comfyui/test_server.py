@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 
@@ -40,8 +41,11 @@ def _get(url):
 
 def _post(url, data):
     req = urllib.request.Request(url, json.dumps(data).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return json.loads(r.read())
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as e:  # ComfyUI says what it refused (validation errors per node)
+        pytest.fail(f"POST {url}: {e.code} {e.read().decode(errors='replace')[:3000]}")
 
 
 @pytest.fixture(scope="module")
@@ -183,3 +187,59 @@ def test_profile_accumulates_queued_runs_once_each_then_apply_uses_the_policy(se
                                                            "cache_device": "model device", "step_mismatch": "remap"}}
     _run(server, prompt)
     assert "GCache: computed 3/6 steps, skipped 3" in server["log"].read_text()
+
+
+# ------------------------------------------------------------------------------ bundled workflows, queued
+# The tiny stand-ins for the workflows' loaders and encoders, and smaller sizes and budgets so they run in seconds.
+TINY_COND = {"flux": {"tokens": 6, "dim": 32, "pooled": 24}, "wan": {"tokens": 8, "dim": 4096, "pooled": 0}}
+SHRINK = {"EmptySD3LatentImage": {"width": 64, "height": 64, "batch_size": 1},
+          "EmptyHunyuanLatentVideo": {"width": 64, "height": 64, "length": 5, "batch_size": 1},
+          "KSampler": {"steps": 6},
+          "GCacheSearch": {"steps": 6, "k": 3, "seeds": 1, "budget": 20, "objective": "ssim"}}
+
+
+def to_api(wf: dict, info: dict) -> dict:
+    """A workflow in ComfyUI's UI format → its API prompt (what the frontend's "Save (API)" writes)."""
+    nodes = {n["id"]: n for n in wf["nodes"] if n.get("mode", 0) == 0 and n["type"] not in FRONTEND_ONLY}
+    links = {link[0]: link for link in wf["links"]}
+    prompt = {}
+    for nid, n in nodes.items():
+        inputs = {name: v for (name, kind, _), v in zip(_widgets(info[n["type"]]), n.get("widgets_values", []))
+                  if kind != "CONTROL"}
+        for i in n.get("inputs", []):
+            if i.get("link") is not None and links[i["link"]][1] in nodes:
+                inputs[i["name"]] = [str(links[i["link"]][1]), links[i["link"]][2]]
+        prompt[str(nid)] = {"class_type": n["type"], "inputs": inputs}
+    return prompt
+
+
+def with_tiny_models(prompt: dict, family: str) -> dict:
+    out = {}
+    for nid, node in prompt.items():
+        kind, inputs = node["class_type"], dict(node["inputs"])
+        if kind in ("DualCLIPLoader", "CLIPLoader"):
+            continue  # only the text encoders used them
+        if kind == "UNETLoader":
+            kind, inputs = {"flux": "GCacheTestTinyFlux", "wan": "GCacheTestTinyWan"}[family], {"seed": 0}
+        elif kind == "VAELoader":
+            kind, inputs = "GCacheTestVAE", {}
+        elif kind == "CLIPTextEncode":
+            kind, inputs = "GCacheTestCond", dict(TINY_COND[family], seed=int(nid))
+        inputs.update(SHRINK.get(kind, {}))
+        out[nid] = {"class_type": kind, "inputs": inputs}
+    return out
+
+
+@pytest.mark.parametrize("wf", sorted(f for f in os.listdir(os.path.join(REPO, "workflows")) if f.endswith(".json")))
+def test_bundled_workflow_runs_with_no_gcache_files(server, wf):
+    import shutil
+    folder = server["base"] / "models" / "gcache"
+    shutil.rmtree(folder, ignore_errors=True)  # zero pre-made files: nothing from earlier tests either
+    data = json.load(open(os.path.join(REPO, "workflows", wf)))
+    assert not [n["id"] for n in data["nodes"] if n.get("mode", 0) != 0], f"{wf} ships muted or bypassed nodes"
+    prompt = with_tiny_models(to_api(data, server["info"]), "wan" if "wan" in wf else "flux")
+    _run(server, prompt)
+    made = sorted(os.listdir(folder))
+    if any(n["class_type"] == "GCacheApply" and n["inputs"].get("policy_file") == "(auto)"
+           and "policy" not in n["inputs"] for n in prompt.values()):
+        assert any(f.startswith("auto_") and f.endswith(".json") for f in made), made  # auto made its policy

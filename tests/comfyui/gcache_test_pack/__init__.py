@@ -1,4 +1,5 @@
-"""Test-only ComfyUI nodes (loaded only by the real-ComfyUI suite): tiny Flux, random conditioning, a fake VAE.
+"""Test-only ComfyUI nodes (loaded only by the real-ComfyUI suite): tiny Flux and Wan, random conditioning, a fake
+VAE.
 
 Flux cannot come through UNETLoader at a tiny width (detection fixes it at 3072), and the suite has no
 text encoder or VAE weights; these stand in for CheckpointLoader/CLIPTextEncode/VAELoader.
@@ -33,6 +34,20 @@ class GCacheTestTinyFlux:
         return (tiny_models.flux(seed)[0],)
 
 
+class GCacheTestTinyWan:
+    """A tiny Wan 2.1, written as safetensors and loaded by the stock UNETLoader's loader."""
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"seed": ("INT", {"default": 0})}}
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "load"
+    CATEGORY = "GCache/tests"
+
+    def load(self, seed):
+        import tempfile
+        return (tiny_models.wan(tempfile.mkdtemp(prefix="gcache_test_wan_"), seed)[0],)
+
+
 class GCacheTestCond:
     @classmethod
     def INPUT_TYPES(cls):
@@ -60,5 +75,5 @@ class GCacheTestVAE:
         return (FakeVAE(),)
 
 
-NODE_CLASS_MAPPINGS = {"GCacheTestTinyFlux": GCacheTestTinyFlux, "GCacheTestCond": GCacheTestCond,
-                       "GCacheTestVAE": GCacheTestVAE}
+NODE_CLASS_MAPPINGS = {"GCacheTestTinyFlux": GCacheTestTinyFlux, "GCacheTestTinyWan": GCacheTestTinyWan,
+                       "GCacheTestCond": GCacheTestCond, "GCacheTestVAE": GCacheTestVAE}

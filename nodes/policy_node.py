@@ -1,0 +1,94 @@
+"""GCache Policy: an instant policy from a profile and a budget (the DP under an analytic weight, milliseconds)."""
+from __future__ import annotations
+
+import logging
+import time
+
+from comfy_api.latest import io
+
+from ..core.errors import GCacheError
+from ..core.files import safe_name
+from ..core.policy import check_budget, k_for_speedup
+from ..search.instant import METHODS, instant_policy, propagation_weights
+from ..search.plots import plot_policy
+from . import artifacts
+from . import comfy_common as cc
+
+log = logging.getLogger("gcache")
+BUDGETS = ("speed-up", "K")
+
+
+def parse_s(text: str) -> list[float]:
+    """'2, 1, 0.5, 0' → [2.0, 1.0, 0.5, 0.0] (the Bernstein coefficients; the degree is their count − 1)."""
+    try:
+        return [float(v) for v in text.replace(";", ",").split(",") if v.strip()]
+    except ValueError:
+        raise GCacheError(f"bernstein_s must be numbers separated by commas (e.g. '2, 1, 0.5, 0'), got {text!r}.") from None
+
+
+def budget_k(profile, budget: str, k: int, speedup: float) -> int:
+    """K from the node's budget: given directly, or the largest speed-up not above the target, with the io share
+    the profile recorded (0 for profiles without it: then speed-up = N / K)."""
+    if budget == "K":
+        check_budget(k, profile.n_steps)
+        return k
+    return k_for_speedup(profile.n_steps, speedup, float(profile.meta.get("io_share", 0.0)))
+
+
+class GCachePolicy(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="GCachePolicy", display_name="GCache Policy", category=cc.CATEGORY,
+            description="An instant policy from a profile: the exact DP picks the K steps to compute under an analytic "
+                        "propagation weight (milliseconds, no sampling). GCache Search can improve on it.",
+            inputs=[
+                cc.GCacheProfile.Input("profile", tooltip="A profile from GCache Load Profile (one profiled batch is enough)."),
+                io.Combo.Input("budget", options=list(BUDGETS), default="speed-up",
+                               tooltip="Give the budget as a target speed-up (turned into K with the model's io share "
+                                       "recorded in the profile) or as K directly."),
+                io.Float.Input("speedup", default=2.0, min=1.0, max=50.0, step=0.1, round=0.01,
+                               tooltip="Target speed-up (budget = speed-up): the largest predicted speed-up not above it."),
+                io.Int.Input("k", default=10, min=1, max=1000, tooltip="Steps that compute the block stack (budget = K)."),
+                io.Combo.Input("method", options=list(METHODS), default="theory",
+                               tooltip="theory: the paper's Theorem 3.3 weight (default); local: every error counts the "
+                                       "same; bernstein: w(t; s) with the coefficients below."),
+                io.String.Input("bernstein_s", default="2, 1, 0.5, 0",
+                                tooltip="Bernstein coefficients s for method = bernstein (degree = count − 1)."),
+                io.String.Input("save_name", default="",
+                                tooltip="Save as models/gcache/<name>.json for GCache Apply's list (empty: not saved)."),
+            ],
+            outputs=[cc.GCachePolicy.Output(tooltip="The policy, for GCache Apply."),
+                     io.Image.Output(tooltip="The weight w_j per step and the mask timeline.")],
+        )
+
+    @classmethod
+    def validate_inputs(cls, budget, method):  # named only: **kwargs would turn off ComfyUI's other checks
+        try:
+            cc.check_choice("budget", budget, BUDGETS)
+            cc.check_choice("method", method, METHODS)
+        except GCacheError as e:
+            return str(e)
+        return True
+
+    @classmethod
+    def execute(cls, profile, budget, speedup, k, method, bernstein_s, save_name) -> io.NodeOutput:
+        cc.check_choice("budget", budget, BUDGETS)
+        cc.check_choice("method", method, METHODS)
+        t0 = time.perf_counter()
+        kk = budget_k(profile, budget, k, speedup)
+        s = parse_s(bernstein_s) if method == "bernstein" else None
+        policy = instant_policy(profile, kk, method, s)
+        io_share = float(profile.meta.get("io_share", 0.0))
+        policy.metrics["predicted_speedup"] = round(policy.predicted_speedup(io_share), 3)
+        ms = (time.perf_counter() - t0) * 1e3
+        log.info("GCache Policy: %s, K = %d of %d, predicted speed-up %.2fx (io share %.3f), %.1f ms: %s", method, kk,
+                 profile.n_steps, policy.metrics["predicted_speedup"], io_share, ms, policy.describe())
+        if save_name.strip():
+            path = artifacts.policy_path(cc.folder(), safe_name(save_name, "policy name"))
+            policy.save(path)
+            log.info("GCache Policy: saved %s", path)
+        image = plot_policy(policy, propagation_weights(profile, method, s),
+                            f"w_j per step ({method}), K = {kk} of {profile.n_steps}, predicted "
+                            f"{policy.metrics['predicted_speedup']:.2f}x")
+        return io.NodeOutput(policy, cc.pil_to_image(image))
