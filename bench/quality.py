@@ -24,7 +24,8 @@ import warnings
 
 import numpy as np
 
-METHODS = ("uniform", "teacache", "local_dp", "theory_dp", "gcache")
+METHODS = ("uniform", "teacache", "local_dp", "theory_dp", "instant_1batch", "instant_1sample", "gcache")
+ONE_BATCH = 8  # samples in "one profiled batch" (instant_1batch); instant_1sample profiles a single seed
 
 
 def held_out(h, mask, seeds, lpips_net=None) -> dict:
@@ -88,16 +89,22 @@ def gp_timing(n: int, dim: int = 4, iters: int = 10) -> dict:
 def run_n(n_steps, args, objective, lpips_net, harness_factory=None) -> dict:
     from ..search.baselines import all_baselines
     from ..search.bilevel import SearchConfig, run_search
+    from ..search.instant import instant_policy
     from ..reference_model.harness import ReferenceHarness
     from ..reference_model.search import parse_seeds
     h = harness_factory(n_steps) if harness_factory else ReferenceHarness(n_steps)
     search_seeds, eval_seeds = parse_seeds(args.search_seeds), parse_seeds(args.eval_seeds)
     profile = h.profile(search_seeds)
+    # instant policies from less: one batch of the search seeds, and a single seed (what GCache Apply auto has)
+    small = {"instant_1batch": h.profile(search_seeds[:ONE_BATCH]), "instant_1sample": h.profile(search_seeds[:1])}
     h.full(eval_seeds)
     rows, cost = [], []
     ks = sorted({max(1, n_steps // 3), n_steps // 2, (2 * n_steps) // 3})
     for k in ks:
         for name, pol in all_baselines(profile, k).items():
+            rows.append({"K": k, "method": name, **held_out(h, pol.mask, eval_seeds, lpips_net), "mask": pol.describe()})
+        for name, prof in small.items():
+            pol = instant_policy(prof, k, "theory")
             rows.append({"K": k, "method": name, **held_out(h, pol.mask, eval_seeds, lpips_net), "mask": pol.describe()})
         t0 = time.time()
         with tempfile.TemporaryDirectory() as tmp:
@@ -113,7 +120,8 @@ def run_n(n_steps, args, objective, lpips_net, harness_factory=None) -> dict:
         cost.append({"K": k, "evaluations": len(res.history) + 1, "sampling_runs": res.evaluations,
                      "wall_s": round(wall, 1),
                      "gp_s_per_iter_end": round(statistics.median(gp_secs[-5:]), 3) if gp_secs else None,
-                     "chosen": res.policy.provenance["chosen"], "s": [round(v, 2) for v in res.s_best],
+                     "chosen": res.policy.provenance["chosen"], "won": res.policy.provenance["won"],
+                     "s": None if res.s_best is None else [round(v, 2) for v in res.s_best],
                      "search_loss": res.policy.metrics["loss"], "psnr_mu_mask": mu, "psnr_best_mask": bst,
                      "evals_to_0.3dB": convergence(res, h, eval_seeds, m["psnr"])})
     return {"N": n_steps, "rows": rows, "cost": cost, "ks": ks}
@@ -141,11 +149,19 @@ def report(out: dict, objective_name: str, lpips: bool) -> dict:
         max((r for r in rows if r["K"] == k), key=lambda r: r["psnr"])["method"] == "gcache" for k in out["ks"])
     print(f"GCache best at every K: {best_everywhere}; GCache − best baseline ({rival}) at K = N/2: {margin:+.2f} dB "
           f"(paired standard error over {len(diff)} held-out seeds: {se:.2f} dB)")
+    # the search against the best of everything else (instant and baselines), at every K
+    vs_best = {}
+    for k in out["ks"]:
+        at_k = {r["method"]: r["psnr"] for r in rows if r["K"] == k}
+        vs_best[str(k)] = round(at_k["gcache"] - max(v for m, v in at_k.items() if m != "gcache"), 3)
+    print("GCache − best other method (instant or baseline), held-out PSNR dB per K: " +
+          ", ".join(f"K={k}: {v:+.2f}" for k, v in vs_best.items()))
     gp_end = [c["gp_s_per_iter_end"] for c in cost if c["gp_s_per_iter_end"] is not None]
     return {"N": n, "rows": [{"K": r["K"], "method": r["method"], "psnr": round(r["psnr"], 3),
                               "ssim": round(r["ssim"], 4), **({"lpips": round(r["lpips"], 4)} if lpips else {})}
                              for r in rows],
             "gcache_minus_best_baseline_psnr_at_half": round(margin, 3), "margin_paired_se_db": round(se, 3),
+            "search_minus_best_other_psnr": vs_best,
             "evaluations": sum(c["evaluations"] for c in cost),
             "gp_seconds_per_iter_at_end": max(gp_end) if gp_end else None, "objective": objective_name,
             "evals_to_within_0.3dB": [c["evals_to_0.3dB"] for c in cost]}

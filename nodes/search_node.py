@@ -50,13 +50,14 @@ class GCacheSearch(io.ComfyNode):
                 io.Int.Input("k", default=10, min=1, max=1000,
                              tooltip="Budget K: steps that compute the block stack (K ≤ steps). Speed-up ≈ steps/K."),
                 io.Int.Input("budget", default=64, min=2, max=10000,
-                             tooltip="Search iterations (sampling runs per seed), the 2^(degree+1) start grid "
-                                     "included. The paper uses 500."),
+                             tooltip="Search iterations (sampling runs per seed): the 3 instant masks and the "
+                                     "2^(degree+1) start grid included, so at least 20 for degree 3. The paper "
+                                     "uses 500."),
                 io.Int.Input("degree", default=3, min=1, max=4,
                              tooltip="Degree of the Bernstein polynomial w(t; s) (the paper uses 3)."),
                 io.Combo.Input("objective", options=list(OBJECTIVES), default="lpips_ssim",
-                               tooltip="Loss vs. the full run: LPIPS + (1 − SSIM) (needs the AlexNet file), 1 − SSIM, "
-                                       "or −PSNR (no downloaded weights)."),
+                               tooltip="Loss vs. the full run: LPIPS + (1 − SSIM) (the paper's; torchvision's AlexNet, "
+                                       "233 MB, is downloaded on first use), 1 − SSIM, or −PSNR (no weights)."),
                 io.String.Input("policy_name", default="my_policy",
                                 tooltip="Saved as models/gcache/<name>.json; <name>.search.json keeps the state."),
                 cc.GCacheProfile.Input("profile", optional=True,
@@ -75,6 +76,8 @@ class GCacheSearch(io.ComfyNode):
         state_file = artifacts.state_path(folder, name)
         own_profile = os.path.join(folder, name + ".search" + artifacts.PROFILE_SUFFIX)
         seed_list = [seed + i for i in range(seeds)]
+        config = SearchConfig(k=k, degree=degree, budget=budget, seed=seed, objective=objective)
+        config.validate(steps)  # K and the budget are refused before any sampling, not after the references
         loss_fn = make_objective(objective)  # fails early, with a message, when LPIPS weights are missing
         pbar = comfy.utils.ProgressBar(budget + 1 + len(seed_list))
         done = [0]
@@ -110,8 +113,7 @@ class GCacheSearch(io.ComfyNode):
             pol = Policy(list(mask), times=[float(t) for t in profile.times],
                          sigmas=[float(s) for s in profile.sigmas], method="search-candidate")
             m = hooks.patch_model(model, apply_config(model, pol, on_mismatch="error"))
-            losses = [loss_fn(run(m, s), r) for s, r in zip(seed_list, refs)]
-            return sum(losses) / len(losses)
+            return [loss_fn(run(m, s), r) for s, r in zip(seed_list, refs)]  # per seed: paired comparisons
 
         def progress(info):
             pbar.update_absolute(len(seed_list) + min(int(info.get("iteration", 0)), budget), budget + 1 + len(seed_list))
@@ -122,7 +124,6 @@ class GCacheSearch(io.ComfyNode):
                                              type(vae.first_stage_model).__name__ if hasattr(vae, "first_stage_model") else ""),
                       "steps": steps, "cfg": cfg, "sampler": sampler_name, "scheduler": scheduler,
                       "latent_shape": list(latent["samples"].shape)}
-        config = SearchConfig(k=k, degree=degree, budget=budget, seed=seed, objective=objective)
         try:
             result = run_search(profile, config, evaluate, state_path=state_file, progress=progress,
                                 should_stop=comfy.model_management.processing_interrupted, provenance=provenance)

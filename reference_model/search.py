@@ -90,7 +90,8 @@ def main(argv=None, harness=None) -> int:
         plot_search(res).save(png)
         print(f"GCache search N={a.steps} K={k} objective={objective.name}: {res.evaluations} evaluations "
               f"({len(res.history)} iterations) in {time.time() - t0:.0f}s")
-        print(f"  mask {pol.describe()}  s={[round(v, 3) for v in res.s_best]} ({pol.provenance['chosen']})")
+        s = "instant mask" if res.s_best is None else f"s={[round(v, 3) for v in res.s_best]}"
+        print(f"  mask {pol.describe()}  {s} (won by {pol.provenance['won']})")
         print(f"  search loss {pol.metrics['loss']:.5f}; held-out PSNR {pol.metrics['eval_psnr']:.2f} dB, "
               f"SSIM {pol.metrics['eval_ssim']:.4f}; predicted speed-up {pol.metrics['predicted_speedup']:.2f}x")
         print(f"  wrote {pol_path}, {state_path}, {png}")

@@ -2,12 +2,17 @@
 
     s ──DP(E, w(t; s), K)──► mask ──evaluate(mask)──► loss        (evaluate: sampling + decode vs. full run)
 
+- The first evaluations are the instant masks (theory DP, local DP) and the TeaCache-like mask for the same K,
+  then the 2^{d+1} start grid, then GP-LCB. The result keeps the best measured mask, so the search never returns
+  something it measured worse than an instant policy (and, with per-seed losses, replaces the best instant mask
+  only when the gain exceeds NOISE_Z paired standard errors: the winner of many noisy comparisons overfits); the Policy says which method won and, when `evaluate`
+  returns per-seed losses, the paired difference to the theory-DP instant policy (mean ± s.e. over seeds).
 - Every distinct mask is evaluated once; another s that gives a known mask reuses its loss (recorded as
   `reused` in the history; the GP still sees the new (s, loss) point).
 - After every evaluation the whole state is written atomically to `state_path` (JSON). A search started
   again with the same config, profile and provenance resumes from it, losing at most the evaluation that
   was running; with the same seed it ends with the same policy as an uninterrupted run.
-- `budget` counts GP observations, the 2^{d+1} start grid included. At the end the GP is refit on all of
+- `budget` counts evaluations in the history (instant masks and start grid included). At the end the GP is refit on all of
   them, s_μ = argmin μ(s) gives one more mask (evaluated if new); the result keeps the better measured of
   that mask and the best evaluated one.
 """
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import time
@@ -31,9 +37,23 @@ from ..core.weights import bernstein_w
 from .dp import dp_mask
 from .gp import GPLCB, kappa_schedule, start_grid
 
+log = logging.getLogger("gcache")
 STATE_FORMAT = "gcache.search_state"
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: instant masks first (history entries without s); version-1 states are refused
 SEARCH_MAX_DEGREE = 4  # GP dimension d + 1 ≤ 5 and a 2^(d+1) start grid (core.weights allows 8)
+
+
+N_INSTANT = 3  # theory DP, local DP, TeaCache-like: evaluated first
+NOISE_Z = 2.0  # a searched mask must beat the best instant one by this many paired standard errors over seeds
+
+
+def instant_masks(profile: Profile, k: int) -> list[tuple[str, list]]:
+    """The masks the search measures first (method name, mask)."""
+    from .baselines import teacache_mask
+    from .instant import instant_policy
+    return [("theory_dp", instant_policy(profile, k, "theory").mask),
+            ("local_dp", instant_policy(profile, k, "local").mask),
+            ("teacache", teacache_mask(profile.rel_h, k)[0])]
 
 
 class SearchInterrupted(Exception):
@@ -60,9 +80,12 @@ class SearchConfig:
         if not isinstance(self.degree, int) or not 1 <= self.degree <= SEARCH_MAX_DEGREE:
             raise GCacheError(f"degree must be a whole number in 1..{SEARCH_MAX_DEGREE} (the paper uses 3), got {self.degree!r}.")
         grid = 2 ** (self.degree + 1)
-        if not isinstance(self.budget, int) or self.budget < grid:
-            raise GCacheError(f"budget = {self.budget!r} evaluations is below the {grid}-point start grid of degree "
-                              f"{self.degree}: use a budget of at least {grid} (the paper uses 500).")
+        least = N_INSTANT + grid + 1
+        if not isinstance(self.budget, int) or self.budget < least:
+            raise GCacheError(f"budget = {self.budget!r} evaluations covers at most the {N_INSTANT} instant masks and the "
+                              f"{grid}-point start grid of degree {self.degree}, so the GP would never propose a mask: "
+                              f"the minimum useful budget is {least} (the paper uses 500). For no search at all, use "
+                              "GCache Policy's instant policy.")
         if not (math.isfinite(self.s_min) and math.isfinite(self.s_max) and self.s_min < self.s_max):
             raise GCacheError(f"The search box needs finite s_min < s_max, got [{self.s_min}, {self.s_max}].")
         if not isinstance(self.objective, str) or not self.objective:
@@ -143,8 +166,9 @@ def load_state(path: str) -> dict:
         if not isinstance(state["history"], list) or not isinstance(state["masks"], dict):
             raise ValueError("bad history or masks")
         for j, h in enumerate(state["history"]):
-            if not (isinstance(h, dict) and h.get("i") == j and isinstance(h["s"], list) and len(h["s"]) == dim
-                    and all(number(v) for v in h["s"]) and mask_ok(h["mask"]) and number(h["loss"])):
+            s_ok = (h.get("kind") == "instant" and h["s"] is None and isinstance(h.get("method"), str)) or (
+                isinstance(h["s"], list) and len(h["s"]) == dim and all(number(v) for v in h["s"]))
+            if not (isinstance(h, dict) and h.get("i") == j and s_ok and mask_ok(h["mask"]) and number(h["loss"])):
                 raise ValueError(f"bad history entry {j}")
         for key, m in state["masks"].items():
             if not (mask_ok(key) and isinstance(m, dict) and number(m["loss"])):
@@ -219,7 +243,14 @@ def run_search(profile: Profile, config: SearchConfig, evaluate: Callable[[list]
     grid = start_grid(dim, config.s_min, config.s_max)
     gp = GPLCB(dim, config.s_min, config.s_max, config.seed, config.n_candidates, config.n_polish,
                config.warm_maxiter, config.cold_every)
-    n_gp_iters = config.budget - len(grid)
+    instant = instant_masks(profile, config.k)
+    n_gp_iters = config.budget - len(instant) - len(grid)
+    t_start = time.perf_counter()
+    log.info("GCache Search: N = %d, K = %d, budget %d (%d instant masks, %d start grid, %d GP), %s seeds, "
+             "objective %s; %s.", n, config.k, config.budget, len(instant), len(grid), max(n_gp_iters, 0),
+             len(provenance.get("seeds", [])) or "?", config.objective,
+             f"resumed at evaluation {len(state['history'])}" if state["history"] else "starting")
+    every = max(1, config.budget // 10)
 
     def mask_for(s) -> tuple[list, float]:
         return dp_mask(E, bernstein_w(times, s), config.k)
@@ -229,10 +260,15 @@ def run_search(profile: Profile, config: SearchConfig, evaluate: Callable[[list]
         if key in state["masks"]:
             return state["masks"][key]["loss"], 0.0, True
         t0 = time.perf_counter()
-        loss = evaluate(list(mask))
+        raw = evaluate(list(mask))
         secs = time.perf_counter() - t0
+        per_seed = None
         try:
-            loss = float(loss)
+            if isinstance(raw, (list, tuple, np.ndarray)):  # one loss per seed: kept for paired comparisons
+                per_seed = [float(v) for v in raw]
+                loss = float(np.mean(per_seed)) if per_seed and all(map(math.isfinite, per_seed)) else float("nan")
+            else:
+                loss = float(raw)
         except (TypeError, ValueError):
             loss = float("nan")
         if not math.isfinite(loss):
@@ -240,6 +276,8 @@ def run_search(profile: Profile, config: SearchConfig, evaluate: Callable[[list]
                               f"the objective failed). The state file keeps the {len(state['history'])} evaluations "
                               "before it; fix the evaluation and run the search again to resume.")
         state["masks"][key] = {"loss": loss, "seconds": round(secs, 4), "first": i}
+        if per_seed is not None:
+            state["masks"][key]["per_seed"] = per_seed
         return loss, secs, False
 
     def report(entry: dict):
@@ -253,30 +291,37 @@ def run_search(profile: Profile, config: SearchConfig, evaluate: Callable[[list]
             raise SearchInterrupted(f"Search stopped after {len(state['history'])} of {config.budget} iterations; "
                                     "run it again with the same settings to resume.")
         i = len(state["history"])
-        gp_secs, kappa, theta = None, None, state["gp"]["theta"]
-        if i < len(grid):
-            s, kind = grid[i], "grid"
+        gp_secs, kappa, theta, method = None, None, state["gp"]["theta"], None
+        if i < len(instant):
+            (method, mask), s, kind, bound = instant[i], None, "instant", None
         else:
-            t0 = time.perf_counter()
-            S = np.array([h["s"] for h in state["history"]])
-            y = gp_targets([h["loss"] for h in state["history"]], config.log_loss)
-            theta = gp.fit(S, y, theta)
-            kappa = kappa_schedule(i - len(grid), n_gp_iters)
-            s, kind = gp.minimize_acq(kappa, i), "gp"
-            gp_secs = time.perf_counter() - t0
-        mask, bound = mask_for(s)
+            if i < len(instant) + len(grid):
+                s, kind = grid[i - len(instant)], "grid"
+            else:
+                t0 = time.perf_counter()
+                S, y = _observations(state, config)
+                theta = gp.fit(S, y, theta)
+                kappa = kappa_schedule(i - len(instant) - len(grid), n_gp_iters)
+                s, kind = gp.minimize_acq(kappa, i), "gp"
+                gp_secs = time.perf_counter() - t0
+            mask, bound = mask_for(s)
         loss, secs, reused = measure(mask, i)
-        entry = {"i": i, "kind": kind, "s": [float(v) for v in s], "mask": mask_key(mask), "loss": loss,
-                 "reused": reused, "seconds": round(secs, 4), "bound": bound, "kappa": kappa,
+        entry = {"i": i, "kind": kind, "s": None if s is None else [float(v) for v in s], "mask": mask_key(mask),
+                 "loss": loss, "reused": reused, "seconds": round(secs, 4), "bound": bound, "kappa": kappa,
                  "gp_seconds": None if gp_secs is None else round(gp_secs, 4)}
+        if method is not None:
+            entry["method"] = method
         state["history"].append(entry)
         state["gp"]["theta"] = theta
         save()
         report(entry)
+        if (i + 1) % every == 0 or i + 1 == config.budget:
+            best = min(state["history"], key=lambda h: (h["loss"], h["i"]))
+            log.info("GCache Search: evaluation %d/%d, best loss so far %.5g (%s).", i + 1, config.budget,
+                     best["loss"], _method_of(best))
 
     if not state["done"]:
-        S = np.array([h["s"] for h in state["history"]])
-        y = gp_targets([h["loss"] for h in state["history"]], config.log_loss)
+        S, y = _observations(state, config)
         t0 = time.perf_counter()
         gp.fit(S, y, state["gp"]["theta"])
         best_i = int(np.argmin(y))
@@ -289,19 +334,57 @@ def run_search(profile: Profile, config: SearchConfig, evaluate: Callable[[list]
         state["done"] = True
         save()
         report({"kind": "final", **state["final"]})
-    return _result(state, profile, config)
+    result = _result(state, profile, config)
+    log.info("GCache Search: done in %.1f s: mask %s, won by %s, loss %.5g.", time.perf_counter() - t_start,
+             result.policy.describe(), result.policy.provenance["won"], result.policy.metrics["loss"])
+    return result
+
+
+def _observations(state: dict, config: SearchConfig) -> tuple[np.ndarray, np.ndarray]:
+    """What the GP sees: the (s, loss) pairs (instant masks have no s)."""
+    hist = [h for h in state["history"] if h["s"] is not None]
+    return np.array([h["s"] for h in hist]), gp_targets([h["loss"] for h in hist], config.log_loss)
+
+
+def _method_of(entry: dict) -> str:
+    return entry.get("method") or {"grid": "gcache start grid", "gp": "gcache GP-LCB"}.get(entry["kind"], entry["kind"])
+
+
+def paired_difference(a: Optional[list], b: Optional[list]) -> Optional[dict]:
+    """mean ± s.e. over seeds of a − b (per-seed losses of two masks), or None without per-seed losses."""
+    if not a or not b or len(a) != len(b):
+        return None
+    d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    se = float(d.std(ddof=1) / math.sqrt(d.size)) if d.size > 1 else float("nan")
+    return {"mean": float(d.mean()), "se": se if math.isfinite(se) else None, "seeds": int(d.size)}
 
 
 def _result(state: dict, profile: Profile, config: SearchConfig) -> SearchResult:
     hist, fin = state["history"], state["final"]
-    best = min(hist, key=lambda h: (h["loss"], h["i"]))
-    chosen, how = (fin, "argmin_mu") if fin["loss"] <= best["loss"] else (best, "best_evaluated")
+    best = min(hist, key=lambda h: (h["loss"], h["i"]))  # ties: the earliest, so an instant mask is kept
+    chosen, how = (fin, "argmin_mu") if fin["loss"] < best["loss"] else (best, "best_evaluated")
+    won = "gcache argmin mu" if chosen is fin else _method_of(best)
+    masks = state["masks"]
+    # A searched mask replaces the best instant one only when its gain is beyond the seeds' noise: it was
+    # selected as the minimum of many noisy means, so a gain within NOISE_Z standard errors is likely luck.
+    instant = min((h for h in hist if h["kind"] == "instant"), key=lambda h: (h["loss"], h["i"]), default=None)
+    if instant is not None and chosen.get("kind") != "instant":
+        gain = paired_difference(masks[chosen["mask"]].get("per_seed"), masks[instant["mask"]].get("per_seed"))
+        if gain is not None and gain["se"] is not None and gain["mean"] + NOISE_Z * gain["se"] >= 0:
+            chosen, how, won = instant, "instant_within_noise", instant["method"]
+    theory = next((h for h in hist if h.get("method") == "theory_dp"), None)
+    vs = paired_difference(masks[chosen["mask"]].get("per_seed"), masks[theory["mask"]].get("per_seed")) \
+        if theory is not None else None
     to_mask = lambda key: [int(c) for c in key]  # noqa: E731
     prov = dict(state.get("provenance") or {})
-    prov.update({"s": chosen["s"], "degree": config.degree, "objective": config.objective, "chosen": how,
+    prov.update({"s": chosen["s"], "degree": config.degree, "objective": config.objective, "chosen": how, "won": won,
                  "iterations": len(hist), "evaluations": len(state["masks"]), "search_seed": config.seed,
                  "s_range": [config.s_min, config.s_max], "profile": state["profile"], "state": state["fingerprint"]})
     metrics = {"loss": chosen["loss"], "objective": config.objective, "mu_loss": fin["loss"], "best_loss": best["loss"]}
+    if theory is not None:
+        metrics["instant_loss"] = theory["loss"]
+    if vs is not None:
+        metrics["loss_minus_instant"] = vs  # paired over seeds: < 0 means the search beat the instant policy
     policy = Policy(mask=to_mask(chosen["mask"]), times=[float(t) for t in profile.times],
                     sigmas=[float(v) for v in profile.sigmas], method="gcache", provenance=prov, metrics=metrics)
     return SearchResult(policy=policy, best_mask=to_mask(best["mask"]), best_loss=best["loss"],

@@ -10,9 +10,10 @@ Objectives (losses, lower is better):
 SSIM is scikit-image's (Gaussian window σ = 1.5, data range 1, population covariance, as Wang et al.),
 averaged over the batch. PSNR is the mean over images of 10·log10(1 / MSE), capped at 100 dB.
 
-LPIPS uses the lpips package's linear layers (shipped in its wheel) on torchvision's ImageNet AlexNet,
-which we load ourselves from torch.hub's cache: lpips would try to download it, and torchvision does not
-check the hash of a file that is already there. Nothing is ever downloaded here.
+LPIPS uses the lpips package's linear layers (shipped in its wheel) on torchvision's ImageNet AlexNet, which we
+load ourselves from torch.hub's cache (torchvision does not check the hash of a file that is already there). On
+first use it is downloaded from torchvision's own address with a log line, a progress bar and a sha256 check
+(backbone_download.py); offline, the message says where to put the file and offers the 'ssim' / 'psnr' objectives.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core.errors import GCacheError
+from . import backbone_download
 
 OBJECTIVES = ("lpips_ssim", "ssim", "psnr")
 ALEXNET_FILE = "alexnet-owt-7be5be79.pth"
@@ -100,8 +102,9 @@ def _sha256(path: str) -> str:
 
 
 def load_lpips(device=None, backbone_path: Optional[str] = None, verify: bool = True,
-               random_backbone_for_tests: bool = False) -> torch.nn.Module:
-    """lpips.LPIPS(net='alex') built without lpips' download path; the backbone comes from `backbone_path`.
+               random_backbone_for_tests: bool = False, download: bool = True) -> torch.nn.Module:
+    """lpips.LPIPS(net='alex') built without lpips' download path; the backbone comes from `backbone_path`
+    (default: torch.hub's checkpoint folder, downloaded there on first use unless `download` is False).
 
     `random_backbone_for_tests=True` keeps a random AlexNet: its values are NOT LPIPS (plumbing tests only).
     """
@@ -112,7 +115,12 @@ def load_lpips(device=None, backbone_path: Optional[str] = None, verify: bool = 
         return _LPIPS_NETS[key]
     if not random_backbone_for_tests:
         if not os.path.isfile(path):
-            raise LPIPSUnavailable(_missing_message(path, f"{path} does not exist and GCache never downloads it"))
+            if not download:
+                raise LPIPSUnavailable(_missing_message(path, f"{path} does not exist"))
+            try:
+                backbone_download.download_checked(backbone_download.ALEXNET_URL, path, ALEXNET_SHA256_PREFIX)
+            except backbone_download.DownloadFailed as e:
+                raise LPIPSUnavailable(_missing_message(path, str(e))) from None
         if verify and not _sha256(path).startswith(ALEXNET_SHA256_PREFIX):
             raise LPIPSUnavailable(_missing_message(
                 path, f"{path} is not that file (its sha256 does not start with {ALEXNET_SHA256_PREFIX}); replace it"))

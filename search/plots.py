@@ -17,7 +17,7 @@ from ..core.weights import bernstein_w
 
 W, PANEL_H, PAD = 720, 220, 48
 BG, FG, GRID = (255, 255, 255), (30, 30, 30), (225, 225, 225)
-COLORS = {"grid": (150, 150, 150), "gp": (31, 119, 180), "reused": (174, 199, 232), "best": (214, 39, 40),
+COLORS = {"instant": (148, 103, 189), "grid": (150, 150, 150), "gp": (31, 119, 180), "reused": (174, 199, 232), "best": (214, 39, 40),
           "final": (44, 160, 44), "a": (31, 119, 180), "b": (255, 127, 14), "c": (44, 160, 44)}
 
 
@@ -99,26 +99,31 @@ def plot_search(result_or_state, times: Optional[Sequence[float]] = None) -> Ima
         p.dot(h["i"], f(h["loss"]), COLORS["reused" if h.get("reused") else h["kind"]], hollow=h.get("reused", False))
     if fin:
         p.dot(len(hist), f(fin["loss"]), COLORS["final"], r=5)
-    p.legend([("start grid", COLORS["grid"]), ("GP-LCB", COLORS["gp"]), ("reused mask", COLORS["reused"]),
-              ("best so far", COLORS["best"]), ("argmin mu", COLORS["final"])])
+    p.legend([("instant masks", COLORS["instant"]), ("start grid", COLORS["grid"]), ("GP-LCB", COLORS["gp"]),
+              ("reused mask", COLORS["reused"]), ("best so far", COLORS["best"]), ("argmin mu", COLORS["final"])])
+    winner = (fin if fin and fin["loss"] < min(h["loss"] for h in hist) else min(hist, key=lambda h: (h["loss"], h["i"]))) \
+        if hist else None
+    if winner is not None:  # the chosen mask: a ring around its point
+        x = len(hist) if winner is fin else winner["i"]
+        p.dot(x, f(winner["loss"]), COLORS["best"], r=8, hollow=True)
 
-    chosen = None
-    if policy is not None:
-        chosen = policy.provenance.get("s")
-    elif hist:
-        chosen = (fin if fin and fin["loss"] <= min(h["loss"] for h in hist) else min(hist, key=lambda h: h["loss"]))["s"]
+    # w(t): the chosen s, or (when an instant mask won) the best learned one
+    learned = [h for h in hist if h.get("s")] + ([fin] if fin and fin.get("s") else [])
+    chosen = (winner or {}).get("s") or (min(learned, key=lambda h: h["loss"])["s"] if learned else None)
     if chosen:
         t = np.linspace(1.0, 0.0, 101)
         w = bernstein_w(t, chosen)
-        q = _Panel(d, PANEL_H, f"learned w(t), s = [{', '.join(f'{v:.2f}' for v in chosen)}]   (t: 1 = start -> 0 = end)",
+        q = _Panel(d, PANEL_H, f"{'' if (winner or {}).get('s') else 'best '}learned w(t), s = "
+                               f"[{', '.join(f'{v:.2f}' for v in chosen)}]   (t: 1 = start -> 0 = end)",
                    (1.0, 0.0), (min(0.0, float(w.min())), float(w.max()) + 1e-9))
         q.line(t, w, COLORS["a"])
         for tj in times or []:
             q.dot(float(tj), float(bernstein_w([tj], chosen)[0]), COLORS["a"], r=2)
-    mask = policy.mask if policy is not None else ([int(c) for c in (fin or min(hist, key=lambda h: h["loss"]))["mask"]]
-                                                   if hist else [])
+    mask = policy.mask if policy is not None else ([int(c) for c in winner["mask"]] if winner else [])
+    won = policy.provenance.get("won") if policy is not None else None
     if mask:
-        _mask_row(d, 2 * PANEL_H + 10, mask, f"mask: {sum(mask)} of {len(mask)} steps computed (blue)")
+        _mask_row(d, 2 * PANEL_H + 10, mask, f"chosen mask{f' (won by {won})' if won else ''}: {sum(mask)} of "
+                                             f"{len(mask)} steps computed (blue)")
     return img
 
 

@@ -217,3 +217,68 @@ def test_hand_edited_state_is_refused_and_kept(tmp_path, edit):
     with pytest.raises(GCacheError, match="damaged"):
         run_search(prof, SearchConfig(**CFG), Evaluator(prof), state_path=path)
     assert _unchanged(path, before)
+
+
+def test_instant_masks_come_first_and_the_search_never_returns_worse(caplog):
+    from gcache.search.bilevel import instant_masks
+    prof = make_profile()
+    first = dict(instant_masks(prof, CFG["k"]))
+    theory = mask_key(first["theory_dp"])
+
+    def evaluate(mask):  # the theory mask is unbeatable; everything else is worse, per seed
+        return [0.001, 0.002] if mask_key(mask) == theory else [0.5 + 0.01 * sum(mask[:3]), 0.6]
+    with caplog.at_level("INFO", logger="gcache"):
+        res = run_search(prof, SearchConfig(**CFG), evaluate, provenance={"seeds": [1, 2]})
+    assert [h.get("method") for h in res.history[:3]] == ["theory_dp", "local_dp", "teacache"]
+    assert all(h["s"] is None and h["kind"] == "instant" for h in res.history[:3])
+    assert res.policy.mask == [int(c) for c in theory] and res.policy.provenance["won"] == "theory_dp"
+    assert res.policy.metrics["loss_minus_instant"] == {"mean": 0.0, "se": 0.0, "seeds": 2}
+    assert res.state["masks"][theory]["per_seed"] == [0.001, 0.002]
+    text = caplog.text
+    assert "N = 14, K = 5, budget 16 (3 instant masks, 8 start grid, 5 GP), 2 seeds, objective ssim; starting" in text
+    assert text.count("best loss so far") >= 8 and "won by theory_dp" in text
+
+
+def test_a_better_searched_mask_wins_with_its_paired_difference():
+    prof = make_profile()
+    ev = Evaluator(prof)
+
+    def per_seed(mask):
+        v = ev(mask)
+        return [v, v * 1.1]
+    res = run_search(prof, SearchConfig(**CFG), per_seed)
+    d = res.policy.metrics["loss_minus_instant"]
+    assert res.policy.metrics["loss"] <= res.policy.metrics["instant_loss"] and d["mean"] <= 0 and d["seeds"] == 2
+    if d["mean"] < 0:
+        assert not res.policy.provenance["won"].endswith("_dp")
+
+
+def test_budget_covering_only_the_start_grid_names_the_minimum():
+    with pytest.raises(GCacheError, match="minimum useful budget is 12"):
+        run_search(make_profile(), SearchConfig(**dict(CFG, budget=11)), Evaluator(make_profile()))
+
+
+def test_resumed_search_says_so(tmp_path, caplog):
+    prof = make_profile()
+    path = str(tmp_path / "s.json")
+    with pytest.raises(SearchInterrupted):
+        run_search(prof, SearchConfig(**CFG), Evaluator(prof), state_path=path, should_stop=lambda: len(
+            json.load(open(path))["history"]) >= 5 if __import__("os").path.exists(path) else False)
+    with caplog.at_level("INFO", logger="gcache"):
+        run_search(prof, SearchConfig(**CFG), Evaluator(prof), state_path=path)
+    assert "resumed at evaluation 5" in caplog.text
+
+
+@pytest.mark.parametrize("spread,kept", [(0.055, True), (0.0, False)])
+def test_a_searched_gain_within_seed_noise_keeps_the_instant_mask(spread, kept):
+    from gcache.search.bilevel import instant_masks
+    prof = make_profile()
+    inst = {mask_key(m) for _, m in instant_masks(prof, CFG["k"])}
+
+    def evaluate(mask):  # searched masks are 0.005 better on average, with (or without) a large seed spread
+        if mask_key(mask) in inst:
+            return [0.5, 0.5, 0.5, 0.5]
+        return [0.495 - spread, 0.495 + spread, 0.495 - spread, 0.495 + spread]
+    res = run_search(prof, SearchConfig(**CFG), evaluate)
+    assert (mask_key(res.policy.mask) in inst) == kept
+    assert (res.policy.provenance["chosen"] == "instant_within_noise") == kept

@@ -7,14 +7,14 @@ from gcache.reference_model.harness import ReferenceHarness
 
 def test_search_command_writes_policy_state_and_png(tmp_path, tiny_model, capsys):
     from gcache.reference_model.search import main
-    args = ["--steps", "8", "--k", "3", "--budget", "10", "--degree", "2", "--objective", "ssim",
+    args = ["--steps", "8", "--k", "3", "--budget", "12", "--degree", "2", "--objective", "ssim",
             "--search-seeds", "100-101", "--eval-seeds", "0-1", "--out", str(tmp_path)]
     assert main(args, harness=ReferenceHarness(8, model=tiny_model)) == 0
     pol = Policy.load(str(tmp_path / "policy_N8_K3.json"))
     assert pol.method == "gcache" and pol.n_computed == 3 and pol.provenance["seeds"] == [100, 101]
     assert "eval_psnr" in pol.metrics and pol.provenance["objective"] == "ssim"
     state = json.loads((tmp_path / "search_state_N8_K3.json").read_text())
-    assert state["done"] and len(state["history"]) == 10
+    assert state["done"] and len(state["history"]) == 12
     assert (tmp_path / "search_N8_K3.png").read_bytes()[:4] == b"\x89PNG"
     # a rerun resumes from the finished state and writes the same policy
     assert main(args, harness=ReferenceHarness(8, model=tiny_model)) == 0
@@ -26,10 +26,11 @@ def test_search_command_writes_policy_state_and_png(tmp_path, tiny_model, capsys
 
 def test_quality_bench_runs(tiny_model, capsys):
     from gcache.bench.quality import METHODS, main
-    out = main(["--steps", "6", "--budget", "9", "--degree", "2", "--search-seeds", "100-101", "--eval-seeds", "0-1",
+    out = main(["--steps", "6", "--budget", "12", "--degree", "2", "--search-seeds", "100-101", "--eval-seeds", "0-1",
                 "--objective", "psnr"], harness_factory=lambda n: ReferenceHarness(n, model=tiny_model))
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert json.loads(last) == json.loads(json.dumps(out))
     assert {r["method"] for r in out["rows"]} == set(METHODS) and {r["K"] for r in out["rows"]} == {2, 3, 4}
     for key in ("gcache_minus_best_baseline_psnr_at_half", "evaluations", "gp_seconds_per_iter_at_end"):
         assert key in out
+    assert set(out["search_minus_best_other_psnr"]) == {"2", "3", "4"}

@@ -1,5 +1,8 @@
 """Objectives and metrics: PSNR/SSIM values, LPIPS backbone handling (never downloads), input checks."""
+import io
 import os
+import urllib.error
+import urllib.request
 
 import numpy as np
 import pytest
@@ -61,16 +64,63 @@ def test_bad_images_are_refused(bad):
         ob.make_objective("ssim")(test, ref)
 
 
-def test_missing_backbone_names_file_and_folder_and_never_downloads(tmp_path, monkeypatch):
+class FakeResponse(io.BytesIO):
+    """What urlopen returns, serving bytes from memory (tests never touch the network)."""
+
+    def __init__(self, data: bytes):
+        super().__init__(data)
+        self.headers = {"Content-Length": str(len(data))}
+
+
+def _offline(*a, **k):
+    raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+
+def test_offline_backbone_download_names_file_folder_and_alternatives(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path))
-    monkeypatch.setattr(torch.hub, "load_state_dict_from_url",
-                        lambda *a, **k: pytest.fail("must not download"))
+    monkeypatch.setattr(urllib.request, "urlopen", _offline)
     with pytest.raises(ob.LPIPSUnavailable) as e:
         ob.make_objective("lpips_ssim")
     msg = str(e.value)
     assert "alexnet-owt-7be5be79.pth" in msg and os.path.join(str(tmp_path), "checkpoints") in msg
-    assert "233 MB" in msg and "download.pytorch.org" in msg and "'ssim'" in msg and "'psnr'" in msg
-    assert isinstance(e.value, GCacheError)
+    assert "offline" in msg and "233 MB" in msg and "download.pytorch.org" in msg and "'ssim'" in msg
+    assert isinstance(e.value, GCacheError) and os.listdir(tmp_path / "checkpoints") == []  # no partial file
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_backbone_is_downloaded_on_first_use_and_checked(tmp_path, monkeypatch, caplog):
+    """A stand-in AlexNet file (random weights) served from memory: downloaded once, hash-checked, loaded."""
+    import hashlib
+    import torchvision
+    buf = io.BytesIO()
+    torch.save(torchvision.models.alexnet(weights=None).state_dict(), buf)
+    data = buf.getvalue()
+    calls = []
+
+    def serve(url, timeout):
+        calls.append(url)
+        return FakeResponse(data)
+    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path))
+    monkeypatch.setattr(urllib.request, "urlopen", serve)
+    monkeypatch.setattr(ob, "ALEXNET_SHA256_PREFIX", hashlib.sha256(data).hexdigest()[:8])
+    with caplog.at_level("INFO", logger="gcache"):
+        f = ob.make_objective("lpips_ssim")
+    assert calls == ["https://download.pytorch.org/models/alexnet-owt-7be5be79.pth"]
+    assert (tmp_path / "checkpoints" / ob.ALEXNET_FILE).read_bytes() == data
+    assert "downloading" in caplog.text and "checked" in caplog.text
+    x = torch.rand(1, 3, 64, 64)
+    assert f(x, x) == pytest.approx(0.0, abs=1e-6)
+    ob._LPIPS_NETS.clear()
+    ob.make_objective("lpips_ssim")  # the second use finds the file: no second download
+    assert len(calls) == 1
+
+
+def test_downloaded_file_with_wrong_hash_is_not_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path))
+    monkeypatch.setattr(urllib.request, "urlopen", lambda url, timeout: FakeResponse(b"an error page, not weights"))
+    with pytest.raises(ob.LPIPSUnavailable, match="sha256"):
+        ob.make_objective("lpips_ssim")
+    assert os.listdir(tmp_path / "checkpoints") == []
 
 
 def test_backbone_with_wrong_hash_is_refused(tmp_path, monkeypatch):

@@ -229,6 +229,17 @@ def split(m_hi, m_lo, pos, neg, lat, cfg):
     return ksample(m_lo, pos, neg, a, cfg, start_step=3, last_step=N, disable_noise=True)
 
 
+def observed_split(patched_hi, patched_lo, first, pos, neg, lat, cfg):
+    """The split run with both experts observed: (high-noise calls, low-noise calls)."""
+    ohi, olo = StackObserver(patched_hi, first), StackObserver(patched_lo, first)
+    try:
+        split(ohi.model, olo.model, pos, neg, lat, cfg)
+    finally:
+        ohi.close()
+        olo.close()
+    return ohi.calls, olo.calls
+
+
 @pytest.mark.parametrize("cfg", [1.0, 3.0])
 def test_wan22_14b_two_experts_one_policy_one_profile(wan22_experts, cfg, tmp_path):
     hi, lo, pos, neg, lat = wan22_experts
@@ -242,29 +253,19 @@ def test_wan22_14b_two_experts_one_policy_one_profile(wan22_experts, cfg, tmp_pa
     # policy skips step 3, but the low-noise expert has no residual of its own yet (the other model's δ would
     # be wrong), so step 3 is computed.
     mask = [1, 0, 1, 0, 0, 1]
-    ohi, olo = StackObserver(apply(hi, mask), first), StackObserver(apply(lo, mask), first)
-    try:
-        split(ohi.model, olo.model, pos, neg, lat, cfg)
-    finally:
-        ohi.close()
-        olo.close()
-    assert [c["ran"] for c in ohi.calls] == [True, False, True]
-    assert [c["ran"] for c in olo.calls] == [True, False, True]
-    assert sum(c["batch"] for c in ohi.calls + olo.calls if c["ran"]) == 4 * branches
-    errs = skip_errors(ohi.calls) + skip_errors(olo.calls)
+    chi, clo = observed_split(apply(hi, mask), apply(lo, mask), first, pos, neg, lat, cfg)
+    assert [c["ran"] for c in chi] == [True, False, True]
+    assert [c["ran"] for c in clo] == [True, False, True]
+    assert sum(c["batch"] for c in chi + clo if c["ran"]) == 4 * branches
+    errs = skip_errors(chi) + skip_errors(clo)
     assert len(errs) == 2 and max(errs) < 1e-5, errs
 
     # one profile name over both samplers: one 6-step sample per branch, E from both experts' true δ
     path = str(tmp_path / "wan22.profile.safetensors")
-    ohi, olo = StackObserver(profile(hi, path), first), StackObserver(profile(lo, path), first)
-    try:
-        split(ohi.model, olo.model, pos, neg, lat, cfg)
-    finally:
-        ohi.close()
-        olo.close()
+    chi, clo = observed_split(profile(hi, path), profile(lo, path), first, pos, neg, lat, cfg)
     prof = Profile.load(path)
     assert prof.n_steps == N and prof.count == branches
-    assert torch.allclose(torch.from_numpy(prof.E), true_E(ohi.calls + olo.calls), rtol=1e-4, atol=1e-7)
+    assert torch.allclose(torch.from_numpy(prof.E), true_E(chi + clo), rtol=1e-4, atol=1e-7)
 
 
 def test_block_patches_never_reached_are_reported(unet_dir, caplog):

@@ -133,7 +133,7 @@ def test_apply_node_with_saved_policy_file(built, gcache_dir):
 def test_search_finishes_tiny_budget_and_resumes_after_interrupt(built, gcache_dir, monkeypatch):
     from gcache_test_pack import FakeVAE
     m, pos, neg, lat = built["flux"]
-    args = (m, pos, neg, {"samples": lat}, FakeVAE(), 0, 1, 8, 1.0, "euler", "simple", 3, 8, 2, "ssim", "s1")
+    args = (m, pos, neg, {"samples": lat}, FakeVAE(), 0, 1, 8, 1.0, "euler", "simple", 3, 12, 2, "ssim", "s1")
     calls = {"n": 0}
     real = search_node.sample
 
@@ -154,7 +154,7 @@ def test_search_finishes_tiny_budget_and_resumes_after_interrupt(built, gcache_d
     policy, image = out.result
     assert policy.n_steps == 8 and policy.n_computed == 3 and image.shape[-1] == 3
     state = json.loads((gcache_dir / "s1.search.json").read_text())
-    assert state["done"] and len(state["history"]) == 8
+    assert state["done"] and len(state["history"]) == 12
     assert Policy.load(str(gcache_dir / "s1.json")).mask == policy.mask
     assert len(state["masks"]) > 1
     assert calls["n"] - (-100) == 1 + len(state["masks"]) - 1  # resumed: the earlier mask is not sampled again
@@ -309,9 +309,18 @@ def test_apply_auto_profiles_once_then_applies_the_instant_policy(built, gcache_
         ksample(model, pos, neg, lat, cfg=3.0)
     assert sum(second.batches) == pol.n_computed * 2  # K steps, two branches (cond and uncond) in one batch
     assert f"applying {names[0]}" in caplog.text
-    # faster than the plain model (CPU time of the sampling thread, medians of 3)
-    assert _cpu_time_of(lambda: ksample(model, pos, neg, lat, cfg=3.0)) < \
-        0.9 * _cpu_time_of(lambda: ksample(m, pos, neg, lat, cfg=3.0))
+    # faster than the plain model, on a Flux where the block stack dominates a step (the tiny one is mostly
+    # Python): CPU time of the sampling thread, medians of 3, steadier than wall time on a shared machine
+    big, bpos, bneg, blat = tm.flux(hidden_size=256, depth=4, side=32)
+    fast = GCacheApply.execute(big, "(auto)", "model device", "remap", 2.0).result[0]
+    ksample(fast, bpos, bneg, blat, cfg=3.0)  # profiles, saves its own auto policy
+    t_auto = _cpu_time_of(lambda: ksample(fast, bpos, bneg, blat, cfg=3.0))
+    t_plain = _cpu_time_of(lambda: ksample(big, bpos, bneg, blat, cfg=3.0))
+    print(f"auto {t_auto:.3f} s vs plain {t_plain:.3f} s per 6-step run: {t_plain / t_auto:.2f}x")
+    assert t_auto < 0.8 * t_plain
+    for f in os.listdir(gcache_dir):
+        if f not in names:
+            os.remove(gcache_dir / f)  # the big model's own auto files
     # another batch size keeps the policy; another step count remaps it; neither profiles again
     with BlockCounter(m, "flux") as c:
         ksample(model, pos, neg, lat.repeat(2, 1, 1, 1))

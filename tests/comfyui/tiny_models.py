@@ -43,16 +43,18 @@ def _cond(batch_tokens: int, dim: int, seed: int, **extra):
     return [[torch.randn(1, batch_tokens, dim, generator=g), dict(extra)]]
 
 
-def flux(seed: int = 0):
+def flux(seed: int = 0, hidden_size: int = 64, depth: int = 2, side: int = 16):
+    """Tiny Flux; a wider/deeper/larger one (hidden_size 256, depth 4, side 32) where the block stack, not
+    Python, dominates a step (for speed checks)."""
     cfg = {"image_model": "flux", "in_channels": 16, "out_channels": 16, "patch_size": 2, "vec_in_dim": 24,
-           "context_in_dim": 32, "hidden_size": 64, "mlp_ratio": 2.0, "num_heads": 2, "depth": 2,
-           "depth_single_blocks": 2, "axes_dim": [8, 12, 12], "theta": 10000, "qkv_bias": True,
+           "context_in_dim": 32, "hidden_size": hidden_size, "mlp_ratio": 2.0, "num_heads": hidden_size // 32,
+           "depth": depth, "depth_single_blocks": depth, "axes_dim": [8, 12, 12], "theta": 10000, "qkv_bias": True,
            "guidance_embed": False}
     m = _patcher(sm.Flux, cfg, seed)
     g = torch.Generator().manual_seed(seed + 1)
     pos = _cond(6, 32, seed + 2, pooled_output=torch.randn(1, 24, generator=g))
     neg = _cond(6, 32, seed + 3, pooled_output=torch.randn(1, 24, generator=g))
-    return m, pos, neg, torch.zeros(1, 16, 16, 16)
+    return m, pos, neg, torch.zeros(1, 16, side, side)
 
 
 def _wan_state_dict(seed: int) -> dict:
