@@ -24,14 +24,15 @@ import warnings
 
 import numpy as np
 
-METHODS = ("uniform", "teacache", "local_dp", "theory_dp", "instant_1batch", "instant_1sample", "gcache")
+METHODS = ("uniform", "teacache", "local_dp", "theory_dp", "instant_1batch", "instant_1sample", "gcache",
+           "forecast_on_gcache_mask", "forecast_theory_dp", "gcache_forecast")
 ONE_BATCH = 8  # samples in "one profiled batch" (instant_1batch); instant_1sample profiles a single seed
 
 
-def held_out(h, mask, seeds, lpips_net=None) -> dict:
+def held_out(h, mask, seeds, lpips_net=None, forecast: int = 0) -> dict:
     from ..search.objectives import lpips_distance, psnr, ssim
     ref = h.full(seeds)
-    img, _ = h.run(seeds, list(mask))
+    img, _ = h.run(seeds, list(mask), forecast=forecast)
     per_image = [psnr(img[i:i + 1], ref[i:i + 1]) for i in range(len(seeds))]
     out = {"psnr": psnr(img, ref), "ssim": ssim(img, ref), "psnr_per_image": per_image}
     if lpips_net is not None:
@@ -94,7 +95,7 @@ def run_n(n_steps, args, objective, lpips_net, harness_factory=None) -> dict:
     from ..reference_model.search import parse_seeds
     h = harness_factory(n_steps) if harness_factory else ReferenceHarness(n_steps)
     search_seeds, eval_seeds = parse_seeds(args.search_seeds), parse_seeds(args.eval_seeds)
-    profile = h.profile(search_seeds)
+    profile = h.profile(search_seeds, forecast=True)  # E and the order-1 forecast errors E1
     # instant policies from less: one batch of the search seeds, and a single seed (what GCache Apply auto has)
     small = {"instant_1batch": h.profile(search_seeds[:ONE_BATCH]), "instant_1sample": h.profile(search_seeds[:1])}
     h.full(eval_seeds)
@@ -114,6 +115,21 @@ def run_n(n_steps, args, objective, lpips_net, harness_factory=None) -> dict:
         wall = time.time() - t0
         m = held_out(h, res.policy.mask, eval_seeds, lpips_net)
         rows.append({"K": k, "method": "gcache", **m, "mask": res.policy.describe()})
+        # forecasting (order 1): on the reuse search's mask, on the instant forecast-DP mask, and searched with
+        # forecasting on (masks judged under forecasting; seeded with the reuse-optimal mask too)
+        rows.append({"K": k, "method": "forecast_on_gcache_mask", "mask": res.policy.describe(),
+                     **held_out(h, res.policy.mask, eval_seeds, lpips_net, forecast=1)})
+        fpol = instant_policy(profile, k, "theory", forecast=1)
+        rows.append({"K": k, "method": "forecast_theory_dp", "mask": fpol.describe(),
+                     **held_out(h, fpol.mask, eval_seeds, lpips_net, forecast=1)})
+        with tempfile.TemporaryDirectory() as tmp:
+            fcfg = SearchConfig(k=k, degree=args.degree, budget=args.budget, seed=args.seed, objective=objective.name,
+                                forecast=1)
+            fres = run_search(profile, fcfg, h.evaluator(search_seeds, objective, forecast=1),
+                              state_path=os.path.join(tmp, "s.json"), provenance={"seeds": search_seeds},
+                              extra_masks=[("reuse_search", res.policy.mask)])  # the reuse-optimal mask too
+        rows.append({"K": k, "method": "gcache_forecast", "mask": fres.policy.describe(),
+                     **held_out(h, fres.policy.mask, eval_seeds, lpips_net, forecast=1)})
         gp_secs = [e["gp_seconds"] for e in res.history if e["gp_seconds"] is not None]
         mu = held_out(h, res.mu_mask, eval_seeds)["psnr"]
         bst = held_out(h, res.best_mask, eval_seeds)["psnr"]
@@ -134,26 +150,32 @@ def report(out: dict, objective_name: str, lpips: bool) -> dict:
     print(f"{'K':>3} {'method':<10} {'PSNR dB':>8} {'SSIM':>7}{' LPIPS' if lpips else ''}  mask")
     for r in rows:
         lp = f" {r['lpips']:.4f}" if lpips else ""
-        print(f"{r['K']:>3} {r['method']:<10} {r['psnr']:8.2f} {r['ssim']:7.4f}{lp}  {r['mask']}")
+        print(f"{r['K']:>3} {r['method']:<23} {r['psnr']:8.2f} {r['ssim']:7.4f}{lp}  {r['mask']}")
     print("search cost per K:")
     for c in cost:
         print("  " + ", ".join(f"{k}={v}" for k, v in c.items()))
     half = n // 2
     at_half = {r["method"]: r["psnr"] for r in rows if r["K"] == half}
-    rival = max((m for m in at_half if m != "gcache"), key=lambda m: at_half[m])
+    rival = max((m for m in at_half if m != "gcache" and "forecast" not in m), key=lambda m: at_half[m])
     margin = at_half["gcache"] - at_half[rival]
     per = {r["method"]: np.array(r["psnr_per_image"]) for r in rows if r["K"] == half}
     diff = per["gcache"] - per[rival]  # paired over the held-out seeds: how much of the margin is seed noise
     se = float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else float("nan")
-    best_everywhere = all(
-        max((r for r in rows if r["K"] == k), key=lambda r: r["psnr"])["method"] == "gcache" for k in out["ks"])
+    best_everywhere = all(max((r for r in rows if r["K"] == k and "forecast" not in r["method"]),
+                              key=lambda r: r["psnr"])["method"] == "gcache" for k in out["ks"])
     print(f"GCache best at every K: {best_everywhere}; GCache − best baseline ({rival}) at K = N/2: {margin:+.2f} dB "
           f"(paired standard error over {len(diff)} held-out seeds: {se:.2f} dB)")
-    # the search against the best of everything else (instant and baselines), at every K
-    vs_best = {}
+    # the (reuse) search against the best of everything else that reuses (instant, baselines), at every K; and
+    # forecasting against reuse, both searched
+    vs_best, gain = {}, {}
     for k in out["ks"]:
         at_k = {r["method"]: r["psnr"] for r in rows if r["K"] == k}
-        vs_best[str(k)] = round(at_k["gcache"] - max(v for m, v in at_k.items() if m != "gcache"), 3)
+        vs_best[str(k)] = round(at_k["gcache"] - max(v for m, v in at_k.items() if m != "gcache"
+                                                     and "forecast" not in m), 3)
+        gain[str(k)] = round(at_k["gcache_forecast"] - at_k["gcache"], 3)
+    third = str(min(out["ks"]))
+    print("forecast (order 1, searched) − reuse (searched), held-out PSNR dB per K: " +
+          ", ".join(f"K={k}: {v:+.2f}" for k, v in gain.items()))
     print("GCache − best other method (instant or baseline), held-out PSNR dB per K: " +
           ", ".join(f"K={k}: {v:+.2f}" for k, v in vs_best.items()))
     gp_end = [c["gp_s_per_iter_end"] for c in cost if c["gp_s_per_iter_end"] is not None]
@@ -162,6 +184,7 @@ def report(out: dict, objective_name: str, lpips: bool) -> dict:
                              for r in rows],
             "gcache_minus_best_baseline_psnr_at_half": round(margin, 3), "margin_paired_se_db": round(se, 3),
             "search_minus_best_other_psnr": vs_best,
+            "forecast_gain_db_at_third": gain[third], "forecast_min_gain_db": min(gain.values()), "forecast_gain_db": gain,
             "evaluations": sum(c["evaluations"] for c in cost),
             "gp_seconds_per_iter_at_end": max(gp_end) if gp_end else None, "objective": objective_name,
             "evals_to_within_0.3dB": [c["evals_to_0.3dB"] for c in cost]}

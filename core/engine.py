@@ -22,6 +22,7 @@ from typing import Callable, Hashable, Optional, Sequence
 import torch
 
 from .errors import GCacheError
+from .forecast import lagrange_weights
 from .policy import predicted_speedup
 
 log = logging.getLogger("gcache")
@@ -82,18 +83,26 @@ class ResidualCache:
     """Per-run residual reuse state. Create one per sampling run; never share it between runs or models."""
 
     def __init__(self, mask: Optional[Sequence[int]], cache_device: Optional[str | torch.device] = None,
-                 recorder=None, time_steps: bool = True):
+                 recorder=None, time_steps: bool = True, forecast: int = 0, times: Optional[Sequence[float]] = None):
         if mask is not None:
             mask = [int(v) for v in mask]
             if not mask or mask[0] != 1 or any(v not in (0, 1) for v in mask):
                 raise GCacheError("ResidualCache needs a 0/1 mask whose first entry is 1.")
+        if forecast not in (0, 1, 2):
+            raise GCacheError(f"The forecast order must be 0, 1 or 2, got {forecast!r}.")
+        if forecast and (mask is None or times is None or len(times) != len(mask)):
+            raise GCacheError("Forecasting needs the policy's mask and the normalized time of each of its steps.")
         self.mask = mask
+        self.forecast = forecast
+        self.times = [float(t) for t in times] if times is not None else None
+        # Steps whose δ a later skipped step uses: the last forecast + 1 computed steps before each skip.
+        self._needed = _needed_steps(mask, forecast) if mask is not None else set()
         self.cache_device = torch.device(cache_device) if cache_device is not None else None
         self.recorder = recorder
         self.time_steps = time_steps
         self.stats = CacheStats()
         self.step: Optional[int] = None
-        self._deltas: dict[Hashable, torch.Tensor] = {}
+        self._deltas: dict[Hashable, list[tuple[Optional[int], torch.Tensor]]] = {}  # key -> kept (step, δ), latest last
         self._meta: dict[Hashable, tuple] = {}
         self._pending: Optional[tuple] = None
         self._step_decided: dict[int, bool] = {}
@@ -123,12 +132,12 @@ class ResidualCache:
         return self.mask is None or step is None or bool(self.mask[step])
 
     def _must_store(self, step: Optional[int], forced: bool) -> bool:
-        # δ is only needed if a later step will reuse it: skip the subtraction on back-to-back computed steps.
+        # δ is only needed if a later step will use it: skip the subtraction on back-to-back computed steps.
         if self.mask is None:
             return False  # no policy (Profile runs): nothing is ever skipped, nothing to keep
         if forced or step is None:
             return True
-        return step + 1 < len(self.mask) and self.mask[step + 1] == 0
+        return step in self._needed
 
     # ------------------------------------------------------------------ the hook
     def enter(self, h: torch.Tensor, branches: Sequence[Hashable] = ("all",)) -> bool:
@@ -163,12 +172,27 @@ class ResidualCache:
         self.stats.stack_calls += 1
         # δ = z − h needs h as it was on entry, and some families' blocks add into their input in place (LTXV
         # `x +=`, Chroma `addcmul_`). Snapshot it (one tensor per branch), but only on steps whose δ is kept or
-        # recorded; each snapshot then becomes its branch's stored δ (subtracted into in place), so the fix
-        # costs one copy of h on those steps and no memory beyond the δ that is kept anyway.
+        # recorded; each snapshot then becomes its branch's stored δ (subtracted into in place), and it is
+        # written into the δ this step evicts when there is one, so it costs one copy of h and no memory.
         keep = compute and ((self.recorder is not None and step is not None) or self._must_store(step, forced))
-        snaps = [c.clone() for c in (h.chunk(chunks, 0) if chunks > 1 else (h,))] if keep else None
+        snaps = [self._snapshot(k, c, meta) for k, c in zip(keys, h.chunk(chunks, 0) if chunks > 1 else (h,))] \
+            if keep else None
         self._pending = (h, snaps, keys, chunks, compute, forced, meta)
         return compute
+
+    def _snapshot(self, key: Hashable, h: torch.Tensor, meta: tuple) -> torch.Tensor:
+        """A copy of h: into the storage of the branch's oldest kept δ when this step's δ evicts it (same
+        layout), else a new tensor. Peak memory then stays one δ per kept slot, also while the blocks run."""
+        kept = self._deltas.get(key)
+        if kept and len(kept) == self.forecast + 1 and self._meta.get(key) == meta:
+            old = kept[0][1]
+            if (old.device, old.dtype, old.shape, old.stride()) == (h.device, h.dtype, h.shape, h.stride()):
+                if len(kept) > 1:
+                    self._deltas[key] = kept[1:]
+                else:
+                    del self._deltas[key]  # a failure in the blocks now forces this branch's next step
+                return old.copy_(h)
+        return h.clone()
 
     def exit(self, z: Optional[torch.Tensor]) -> torch.Tensor:
         if self._pending is None:
@@ -191,16 +215,26 @@ class ResidualCache:
                     if record:
                         self.recorder.record(step, k, hp, d)
                     if store:
-                        self._store(k, d, meta)
+                        self._store(k, step, d, meta)
             return z
-        parts = [self._deltas[k] for k in keys]
-        if self.cache_device is not None and parts[0].device != h.device:
-            parts = [p.to(h.device, non_blocking=True) for p in parts]
-        if len(parts) == 1:
-            return h + parts[0]
-        out = torch.empty_like(h)  # add chunk by chunk into one output: no concatenated δ temporary
-        for hk, dk, ok in zip(h.chunk(chunks, 0), parts, out.chunk(chunks, 0)):
-            torch.add(hk, dk, out=ok)
+        if chunks == 1:
+            return self._skip_out(h, keys[0], step, None)
+        out = torch.empty_like(h)  # chunk by chunk into one output: no concatenated δ temporary
+        for k, hk, ok in zip(keys, h.chunk(chunks, 0), out.chunk(chunks, 0)):
+            self._skip_out(hk, k, step, ok)
+        return out
+
+    def _skip_out(self, h: torch.Tensor, key: Hashable, step: Optional[int], out: Optional[torch.Tensor]):
+        """h + δ of the branch's last computed step (order 0), or h + its forecast at this step's time."""
+        kept = self._deltas[key]
+        if self.cache_device is not None and kept[-1][1].device != h.device:
+            kept = [(i, d.to(h.device, non_blocking=True)) for i, d in kept]
+        if len(kept) == 1 or not self.forecast or step is None or any(i is None for i, _ in kept):
+            return torch.add(h, kept[-1][1], out=out)
+        w = lagrange_weights([self.times[i] for i, _ in kept], self.times[step])
+        out = torch.add(h, kept[-1][1], alpha=w[-1], out=out)
+        for wk, (_, dk) in zip(w[:-1], kept[:-1]):
+            out.add_(dk, alpha=wk)
         return out
 
     def run(self, h: torch.Tensor, branches: Sequence[Hashable], blocks: Callable[[torch.Tensor], torch.Tensor]):
@@ -223,15 +257,20 @@ class ResidualCache:
             return branches, len(branches)
         return [tuple(branches) if len(branches) > 1 else branches[0]], 1
 
-    def _store(self, key: Hashable, delta: torch.Tensor, meta: tuple) -> None:
-        old = self._deltas.get(key)
+    def _store(self, key: Hashable, step: Optional[int], delta: torch.Tensor, meta: tuple) -> None:
         if self.cache_device is not None and delta.device != self.cache_device:
             delta = delta.to(self.cache_device, non_blocking=False)
         # δ is the branch's own snapshot of h (clone() kept h's memory layout, e.g. Wan's transposed tokens),
-        # so the skip-step add runs on matching strides and no view pins a whole batch.
-        self._deltas[key] = delta
+        # so the skip-step add runs on matching strides and no view pins a whole batch. Forecasting keeps the
+        # last order + 1 of them; a meta change (reset) or a forced step starts the list again.
+        kept = self._deltas.get(key, []) if self._meta.get(key) == meta else []
+        if kept and step is not None and step == kept[-1][0]:
+            kept = kept[:-1]  # another evaluation of the same step (dpm_2's midpoint): the latest stands for it
+        elif kept and (step is None or kept[-1][0] is None or step < kept[-1][0]):
+            kept = []
+        self._deltas[key] = (kept + [(step, delta)])[-(self.forecast + 1):]
         self._meta[key] = meta
-        self.stats.bytes_held += delta.numel() * delta.element_size() - (0 if old is None else old.numel() * old.element_size())
+        self.stats.bytes_held = sum(d.numel() * d.element_size() for v in self._deltas.values() for _, d in v)
         self.stats.peak_bytes = max(self.stats.peak_bytes, self.stats.bytes_held)
 
     def reset(self) -> None:
@@ -261,7 +300,7 @@ class ResidualCache:
         return False
 
     def held_tensors(self) -> int:
-        return len(self._deltas) + (0 if self._pending is None else 1)
+        return sum(len(v) for v in self._deltas.values()) + (0 if self._pending is None else 1)
 
     def summary(self, io_share: Optional[float] = None) -> str:
         s = self.stats
@@ -274,6 +313,17 @@ class ResidualCache:
             parts.append(f"measured {ms:.2f}x")
         parts.append(f"cache peak {format_bytes(s.peak_bytes)}")
         return "GCache: " + ", ".join(parts)
+
+
+def _needed_steps(mask: Sequence[int], order: int) -> set[int]:
+    """Computed steps whose δ some skipped step uses: the last order + 1 computed ones before each skip."""
+    need, computed = set(), []
+    for j, m in enumerate(mask):
+        if m:
+            computed.append(j)
+        else:
+            need.update(computed[-(order + 1):])
+    return need
 
 
 def format_bytes(n: int) -> str:

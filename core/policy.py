@@ -16,6 +16,7 @@ from .files import atomic_write_text
 
 POLICY_FORMAT = "gcache.policy"
 POLICY_VERSION = 1
+FORECAST_ORDERS = (0, 1, 2)
 
 
 def k_for_speedup(n_steps: int, speedup: float, io_share: float) -> int:
@@ -44,6 +45,7 @@ class Policy:
     method: str = "manual"
     provenance: dict = field(default_factory=dict)  # s, degree, objective, evaluations, seeds, profile…
     metrics: dict = field(default_factory=dict)     # measured loss, psnr, ssim, predicted speed-up…
+    forecast: int = 0  # on a skipped step: 0 reuses δ of the last computed step, 1/2 extrapolate (core/forecast.py)
 
     def __post_init__(self):
         self.mask = [int(v) if v in (0, 1, True, False) else v for v in self.mask]
@@ -70,6 +72,9 @@ class Policy:
                 "The first step of a policy must compute the blocks (mask[0] = 1): there is no cached residual "
                 "to reuse before it. Set the first entry to 1."
             )
+        if self.forecast not in FORECAST_ORDERS or isinstance(self.forecast, bool):
+            raise GCacheError(f"The policy's forecast order must be one of {FORECAST_ORDERS} (0 = reuse the residual, 1 = "
+                              f"linear, 2 = quadratic), got {self.forecast!r}.")
         for name, seq in (("times", self.times), ("sigmas", self.sigmas)):
             if seq is not None:
                 if len(seq) != len(m):
@@ -137,7 +142,7 @@ class Policy:
             chosen.add(start + size // 2)
         prov = dict(self.provenance, remapped_from=self.n_steps)
         return Policy.from_steps(n_steps, sorted(chosen), times=list(times) if times is not None else None,
-                                 method=self.method, provenance=prov, metrics={})
+                                 method=self.method, provenance=prov, metrics={}, forecast=self.forecast)
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict:
@@ -152,6 +157,7 @@ class Policy:
             "method": self.method,
             "provenance": self.provenance,
             "metrics": self.metrics,
+            "forecast": self.forecast,
         }
 
     def to_json(self) -> str:
@@ -169,7 +175,8 @@ class Policy:
         try:
             mask = list(d["mask"])
             pol = cls(mask=mask, times=d.get("times"), sigmas=d.get("sigmas"), method=str(d.get("method", "manual")),
-                      provenance=dict(d.get("provenance") or {}), metrics=dict(d.get("metrics") or {}))
+                      provenance=dict(d.get("provenance") or {}), metrics=dict(d.get("metrics") or {}),
+                      forecast=d.get("forecast", 0))  # files written before forecasting reuse (0)
         except GCacheError as e:
             raise GCacheError(f"{source}: {e}") from None
         except (KeyError, TypeError, ValueError) as e:

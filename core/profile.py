@@ -9,7 +9,10 @@ Memory model of the recorder (per branch of a run, measured by bench/engine.py a
 - a temporary of at most `chunk_elems` elements while a row of E is computed (plus flattened copies of h and δ
   when the model hands over non-contiguous token views, e.g. Wan's transposed patch embedding).
 E is built row by row as each step arrives (O(N²·numel) work spread over the run), so nothing is
-recomputed at the end. Values are means (not sums) so profiles at different resolutions can be merged.
+recomputed at the end. With `forecast=True` the recorder also builds E1[p, i, j] (the error of the linear
+forecast of δ_j from computed steps p < i, for the order-1 DP) from the same history: O(N³·m) work over the run,
+plus E1 itself (N³ float64 on δ's device: 216 KB at N = 30, 1 MB at N = 50) and float32 temporaries of at most
+chunk rows + 2 rows of m elements while a step's E1 entries are computed. Values are means (not sums) so profiles at different resolutions can be merged.
 
 The artifact stores sums and a count (mergeable), saved as safetensors with JSON metadata.
 """
@@ -53,6 +56,7 @@ class Profile:
     times: np.ndarray                 # [N] normalized time per step (1 → 0)
     sigmas: np.ndarray                # [N] sampler sigma per step
     meta: dict = field(default_factory=dict)
+    e1_sum: Optional[np.ndarray] = None  # [N, N, N] Σ mean |δ_j − linear forecast from p < i| (p < i < j), or None
 
     # ------------------------------------------------------------------ views
     @property
@@ -74,6 +78,15 @@ class Profile:
     def rel_h(self) -> np.ndarray:
         self._need_samples()
         return self.rel_h_sum / self.count
+
+    @property
+    def E1(self) -> np.ndarray:
+        """E1[p, i, j]: mean |δ_j − δ̂_j| of the linear forecast from computed steps p < i (order-1 DP input)."""
+        self._need_samples()
+        if self.e1_sum is None:
+            raise GCacheError("This profile has no forecast errors (E1): profile again with forecast recording on "
+                              "(GCache Profile's 'record forecast errors', or ProfileRecorder(forecast=True)).")
+        return self.e1_sum / self.count
 
     @property
     def sample_keys(self) -> list[str]:
@@ -116,13 +129,23 @@ class Profile:
         keys = self.sample_keys + [k for k in other.sample_keys if k not in self.sample_keys]
         if keys:
             meta["sample_keys"] = keys[-MAX_SAMPLE_KEYS:]
+        e1 = None
+        if self.e1_sum is not None and other.e1_sum is not None:
+            e1 = self.e1_sum + other.e1_sum
+        elif (self.e1_sum is None) != (other.e1_sum is None) and self.count and other.count:
+            log.warning("GCache Profile: one of the merged profiles has no forecast errors (E1); the result keeps "
+                        "none. Profile every run with forecast recording on to keep them.")
+        elif self.count == 0:
+            e1 = other.e1_sum
         return Profile(self.n_steps, self.e_sum + other.e_sum, self.count + other.count,
                        self.delta_norm_sum + other.delta_norm_sum, self.rel_delta_sum + other.rel_delta_sum,
-                       self.rel_h_sum + other.rel_h_sum, self.times.copy(), self.sigmas.copy(), meta)
+                       self.rel_h_sum + other.rel_h_sum, self.times.copy(), self.sigmas.copy(), meta, e1)
 
     # ------------------------------------------------------------------ file
     def to_bytes(self) -> bytes:
         tensors = {k: torch.from_numpy(np.ascontiguousarray(getattr(self, k), dtype=np.float64)) for k in _TENSORS}
+        if self.e1_sum is not None:
+            tensors["e1_sum"] = torch.from_numpy(np.ascontiguousarray(self.e1_sum, dtype=np.float64))
         meta = {"format": PROFILE_FORMAT, "version": str(PROFILE_VERSION), "n_steps": str(self.n_steps),
                 "count": str(self.count), "meta": json.dumps(self.meta, allow_nan=False)}
         return st_save(tensors, metadata=meta)
@@ -148,9 +171,11 @@ class Profile:
             count = int(meta["count"])
             extra = json.loads(meta.get("meta", "{}"))
             arrays = {k: tensors[k].double().numpy() for k in _TENSORS}
+            e1 = tensors["e1_sum"].double().numpy() if "e1_sum" in tensors else None
         except (KeyError, ValueError, json.JSONDecodeError) as e:
             raise GCacheError(f"{source} is damaged (missing or bad {e}); delete it and profile again.") from None
-        shapes_ok = arrays["e_sum"].shape == (n, n) and all(arrays[k].shape == (n,) for k in _TENSORS[1:])
+        shapes_ok = arrays["e_sum"].shape == (n, n) and all(arrays[k].shape == (n,) for k in _TENSORS[1:]) \
+            and (e1 is None or (e1.shape == (n, n, n) and np.all(np.isfinite(e1)) and not np.any(e1 < 0)))
         if not shapes_ok or count < 0:
             raise GCacheError(f"{source} is inconsistent (its arrays do not match n_steps={n}); delete it and "
                               "profile again.")
@@ -166,7 +191,7 @@ class Profile:
             raise GCacheError(f"{source} is inconsistent (bad metadata, negative or non-zero-diagonal errors, or sums "
                               "without samples): it was edited or damaged. Delete it and profile again.")
         return cls(n, arrays["e_sum"], count, arrays["delta_norm_sum"], arrays["rel_delta_sum"],
-                   arrays["rel_h_sum"], arrays["times"], arrays["sigmas"], extra)
+                   arrays["rel_h_sum"], arrays["times"], arrays["sigmas"], extra, e1)
 
     @classmethod
     def load(cls, path: str) -> "Profile":
@@ -214,8 +239,9 @@ class _BranchHistory:
     """Residual history of one branch in one run; fills one row of E per recorded step."""
 
     def __init__(self, n_steps: int, delta: torch.Tensor, history_device: Optional[torch.device], chunk_elems: int,
-                 max_elems: Optional[int]):
+                 max_elems: Optional[int], forecast_times: Optional[Sequence[float]] = None):
         self.device = delta.device
+        self.times = list(forecast_times) if forecast_times is not None else None
         hist_dev = history_device or delta.device
         self.stride = sample_stride(delta.numel(), delta.shape[-1], max_elems)
         self.numel = len(range(0, delta.numel(), self.stride))
@@ -225,6 +251,8 @@ class _BranchHistory:
         self.rows = torch.zeros((n_steps, n_steps), dtype=torch.float64, device=delta.device)
         self.norms = torch.zeros(n_steps, dtype=torch.float64, device=delta.device)
         self.rel_h = torch.zeros(n_steps, dtype=torch.float64, device=delta.device)
+        # E1[p, i, j] (order-1 forecast errors): N³ float64, 216 KB at N = 30, 1 MB at N = 50
+        self.e1 = torch.zeros((n_steps,) * 3, dtype=torch.float64, device=delta.device) if self.times else None
         self.recorded = [False] * n_steps
         self.prev_h: Optional[torch.Tensor] = None
         self.rows_per_chunk = max(1, chunk_elems // max(1, self.numel))
@@ -241,6 +269,8 @@ class _BranchHistory:
             vals = (block - d).abs_().mean(dim=1, dtype=torch.float32).double()
             self.rows[step, lo:hi] = vals
             self.rows[lo:hi, step] = vals
+        if self.e1 is not None:
+            self._forecast_errors(step, d)
         self.hist[step].copy_(d, non_blocking=True)
         hf = h.reshape(-1)[::self.stride]
         if self.prev_h is not None:
@@ -250,6 +280,25 @@ class _BranchHistory:
         else:
             self.prev_h = hf.clone()
         self.recorded[step] = True
+
+    def _forecast_errors(self, j: int, d: torch.Tensor) -> None:
+        """E1[p, i, j] for recorded p < i < j: |δ_j − (δ_i + c·(δ_i − δ_p))|, c = (t_j − t_i)/(t_i − t_p), as
+        means. Rows p come in slices (stream-ordered, as in add); one temporary of at most chunk rows."""
+        done = [i for i in range(j) if self.recorded[i]]
+        if len(done) < 2:
+            return
+        t = np.asarray(self.times, dtype=np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):  # p ≥ i entries are never read
+            c_all = torch.from_numpy(np.nan_to_num((t[j] - t)[None, :] / (t[None, :] - t[:, None]))).to(
+                self.device, torch.float32, non_blocking=True)   # c_all[p, i], one transfer per step
+        dj = d.float()
+        for n, i in enumerate(done[1:], 1):
+            di = self.hist[i].to(self.device, torch.float32, non_blocking=True, copy=True)
+            for lo, hi in _spans(done[:n], self.rows_per_chunk):
+                c = c_all[lo:hi, i][:, None]
+                block = self.hist[lo:hi].to(self.device, torch.float32, non_blocking=True, copy=True)
+                pred = block.mul_(-c).add_(di * (1 + c))  # (1 + c)·δ_i − c·δ_p, in float32, in the copy
+                self.e1[lo:hi, i, j] = pred.sub_(dj).abs_().mean(dim=1).double()
 
     def nbytes(self) -> int:
         return self.hist.numel() * self.hist.element_size() + (0 if self.prev_h is None else
@@ -264,8 +313,9 @@ class ProfileRecorder:
 
     def __init__(self, times: Sequence[float], sigmas: Optional[Sequence[float]] = None, meta: Optional[dict] = None,
                  history_device: Optional[str | torch.device] = None, chunk_elems: int = 1 << 25,
-                 max_elems: Optional[int] = MAX_ELEMS):
+                 max_elems: Optional[int] = MAX_ELEMS, forecast: bool = False):
         self.times = list(times)
+        self.forecast = forecast  # also record E1 (order-1 forecast errors): O(N³·m) work over the run
         self.sigmas = list(sigmas) if sigmas is not None else list(times)
         self.n_steps = len(self.times)
         self.meta = dict(meta or {})
@@ -280,11 +330,13 @@ class ProfileRecorder:
             raise GCacheError(f"Profile got step {step} but was set up for {self.n_steps} steps.")
         b = self.branches.get(branch)
         if b is None:
-            b = self.branches[branch] = _BranchHistory(self.n_steps, delta, self.history_device, self.chunk_elems, self.max_elems)
+            b = self.branches[branch] = _BranchHistory(self.n_steps, delta, self.history_device, self.chunk_elems, self.max_elems,
+                                                       self.times if self.forecast else None)
         elif tuple(delta.shape) != b.shape:
             log.warning("GCache Profile: the residual shape of branch %r changed from %s to %s mid-run; "
                         "restarting this branch's history.", branch, b.shape, tuple(delta.shape))
-            b = self.branches[branch] = _BranchHistory(self.n_steps, delta, self.history_device, self.chunk_elems, self.max_elems)
+            b = self.branches[branch] = _BranchHistory(self.n_steps, delta, self.history_device, self.chunk_elems, self.max_elems,
+                                                       self.times if self.forecast else None)
         if b.recorded[step]:
             return  # extra evaluations of a multi-evaluation sampler step: the first one represents the step
         b.add(step, h.detach(), delta.detach())
@@ -316,6 +368,11 @@ class ProfileRecorder:
                 rel = np.zeros(self.n_steps)
                 rel[1:] = np.diag(rows, 1) / np.maximum(norms[:-1], 1e-12)
                 prof.e_sum += rows
+                if b.e1 is not None:
+                    e1 = b.e1.cpu().numpy()
+                    if not np.all(np.isfinite(e1)):
+                        raise GCacheError(f"The forecast errors of branch {key!r} are NaN/Inf; nothing was added.")
+                    prof.e1_sum = e1 if prof.e1_sum is None else prof.e1_sum + e1
                 prof.delta_norm_sum += norms
                 prof.rel_delta_sum += rel
                 prof.rel_h_sum += relh

@@ -34,6 +34,10 @@ class GCacheApply(io.ComfyNode):
                                tooltip="(auto) only: the target speed-up; K is the fewest computed steps whose "
                                        "predicted speed-up does not exceed it. Optional, so that API prompts written "
                                        "before it existed still run."),
+                io.Combo.Input("forecast", options=["policy's"] + list(cc.FORECAST), default="policy's", optional=True,
+                               tooltip="On skipped steps: the policy's choice, reuse the last residual (0), or "
+                                       "forecast it from the last 2 (linear) or 3 (quadratic) computed steps; each "
+                                       "order keeps one more residual per branch."),
                 cc.GCachePolicy.Input("policy", optional=True,
                                       tooltip="A policy from GCache Policy or GCache Search; overrides policy_file."),
             ],
@@ -51,13 +55,16 @@ class GCacheApply(io.ComfyNode):
         return True
 
     @classmethod
-    def execute(cls, model, policy_file, cache_device, step_mismatch, auto_speedup=2.0, policy=None) -> io.NodeOutput:
+    def execute(cls, model, policy_file, cache_device, step_mismatch, auto_speedup=2.0, forecast="policy's",
+                policy=None) -> io.NodeOutput:
         cc.check_choice("cache_device", cache_device, list(CACHE_DEVICES))
+        cc.check_choice("forecast", forecast, ["policy's"] + list(cc.FORECAST))
         device = CACHE_DEVICES[cache_device]
         if policy is None and policy_file in (cc.AUTO, cc.NO_FILE):
             config = auto_config(model, cc.folder(), auto_speedup, on_mismatch=step_mismatch, cache_device=device)
         else:
             if policy is None:
                 policy = artifacts.read_policy(cc.find_file(policy_file))
-            config = apply_config(model, policy, on_mismatch=step_mismatch, cache_device=device)
+            config = apply_config(model, policy, on_mismatch=step_mismatch, cache_device=device,
+                                  forecast=cc.FORECAST.get(forecast))
         return io.NodeOutput(hooks.patch_model(model, config))

@@ -18,6 +18,7 @@ GCacheProfile = io.Custom("GCACHE_PROFILE")
 FOLDER = "gcache"
 NO_FILE = "(none)"
 AUTO = "(auto)"
+FORECAST = {"reuse (0)": 0, "linear (1)": 1, "quadratic (2)": 2}  # combo label → forecast order
 
 
 def register_folder() -> None:

@@ -55,6 +55,9 @@ class GCachePolicy(io.ComfyNode):
                                        "same; bernstein: w(t; s) with the coefficients below."),
                 io.String.Input("bernstein_s", default="2, 1, 0.5, 0",
                                 tooltip="Bernstein coefficients s for method = bernstein (degree = count − 1)."),
+                io.Combo.Input("forecast", options=list(cc.FORECAST), default="reuse (0)", optional=True,
+                               tooltip="Skipped steps reuse the residual, or forecast it (the mask is then chosen for "
+                                       "forecasting: needs a profile recorded with record_forecast)."),
                 io.String.Input("save_name", default="",
                                 tooltip="Save as models/gcache/<name>.json for GCache Apply's list (empty: not saved)."),
             ],
@@ -72,13 +75,14 @@ class GCachePolicy(io.ComfyNode):
         return True
 
     @classmethod
-    def execute(cls, profile, budget, speedup, k, method, bernstein_s, save_name) -> io.NodeOutput:
+    def execute(cls, profile, budget, speedup, k, method, bernstein_s, save_name, forecast="reuse (0)") -> io.NodeOutput:
         cc.check_choice("budget", budget, BUDGETS)
         cc.check_choice("method", method, METHODS)
+        cc.check_choice("forecast", forecast, list(cc.FORECAST))
         t0 = time.perf_counter()
         kk = budget_k(profile, budget, k, speedup)
         s = parse_s(bernstein_s) if method == "bernstein" else None
-        policy = instant_policy(profile, kk, method, s)
+        policy = instant_policy(profile, kk, method, s, forecast=cc.FORECAST[forecast])
         io_share = float(profile.meta.get("io_share", 0.0))
         policy.metrics["predicted_speedup"] = round(policy.predicted_speedup(io_share), 3)
         ms = (time.perf_counter() - t0) * 1e3

@@ -28,6 +28,9 @@ class GCacheProfile(io.ComfyNode):
                 io.Combo.Input("history_device", options=list(CACHE_DEVICES), default="model device",
                                tooltip="Where the run's residual history (steps × latent tokens) is kept while "
                                        "sampling: CPU saves GPU memory on long videos."),
+                io.Boolean.Input("record_forecast", default=False, optional=True,
+                                 tooltip="Also record the errors of forecasting the residual (E1, N³ numbers), which "
+                                         "forecast policies (GCache Policy/Search with forecast 1 or 2) need."),
             ],
             outputs=[io.Model.Output(tooltip="Connect to your sampler; every finished run is added to the profile.")],
         )
@@ -45,11 +48,12 @@ class GCacheProfile(io.ComfyNode):
         return True
 
     @classmethod
-    def execute(cls, model, profile_name, history_device) -> io.NodeOutput:
+    def execute(cls, model, profile_name, history_device, record_forecast=False) -> io.NodeOutput:
         cc.check_choice("history_device", history_device, list(CACHE_DEVICES))
         path = artifacts.profile_path(cc.folder(), profile_name)
         # a damaged profile file stops the prompt here, before any sampling (not after it, losing the image)
-        config = profile_config(model, path, history_device=CACHE_DEVICES[history_device])
+        config = profile_config(model, path, history_device=CACHE_DEVICES[history_device],
+                                forecast=bool(record_forecast))
         return io.NodeOutput(hooks.patch_model(model, config))
 
 

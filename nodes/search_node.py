@@ -58,6 +58,10 @@ class GCacheSearch(io.ComfyNode):
                 io.Combo.Input("objective", options=list(OBJECTIVES), default="lpips_ssim",
                                tooltip="Loss vs. the full run: LPIPS + (1 − SSIM) (the paper's; torchvision's AlexNet, "
                                        "233 MB, is downloaded on first use), 1 − SSIM, or −PSNR (no weights)."),
+                io.Combo.Input("forecast", options=list(cc.FORECAST), default="reuse (0)", optional=True,
+                               tooltip="The order the policy is applied with; every candidate mask is judged with it "
+                                       "(forecast masks differ from reuse masks). Forecasting records the reference "
+                                       "runs' forecast errors too (a connected profile needs them)."),
                 io.String.Input("policy_name", default="my_policy",
                                 tooltip="Saved as models/gcache/<name>.json; <name>.search.json keeps the state."),
                 cc.GCacheProfile.Input("profile", optional=True,
@@ -70,13 +74,15 @@ class GCacheSearch(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, positive, negative, latent, vae, seed, seeds, steps, cfg, sampler_name, scheduler, k,
-                budget, degree, objective, policy_name, profile=None) -> io.NodeOutput:
+                budget, degree, objective, policy_name, profile=None, forecast="reuse (0)") -> io.NodeOutput:
+        cc.check_choice("forecast", forecast, list(cc.FORECAST))
+        order = cc.FORECAST[forecast]
         folder = cc.folder()
         name = safe_name(policy_name, "policy name")
         state_file = artifacts.state_path(folder, name)
         own_profile = os.path.join(folder, name + ".search" + artifacts.PROFILE_SUFFIX)
         seed_list = [seed + i for i in range(seeds)]
-        config = SearchConfig(k=k, degree=degree, budget=budget, seed=seed, objective=objective)
+        config = SearchConfig(k=k, degree=degree, budget=budget, seed=seed, objective=objective, forecast=order)
         config.validate(steps)  # K and the budget are refused before any sampling, not after the references
         loss_fn = make_objective(objective)  # fails early, with a message, when LPIPS weights are missing
         pbar = comfy.utils.ProgressBar(budget + 1 + len(seed_list))
@@ -96,7 +102,7 @@ class GCacheSearch(io.ComfyNode):
         if record:
             if os.path.isfile(own_profile):
                 os.remove(own_profile)  # left by a search whose state is gone: it is recorded again now
-            ref_model = hooks.patch_model(model, profile_config(model, own_profile))
+            ref_model = hooks.patch_model(model, profile_config(model, own_profile, forecast=bool(order)))
         refs = []
         for s in seed_list:
             refs.append(run(ref_model, s))
@@ -111,7 +117,7 @@ class GCacheSearch(io.ComfyNode):
 
         def evaluate(mask):
             pol = Policy(list(mask), times=[float(t) for t in profile.times],
-                         sigmas=[float(s) for s in profile.sigmas], method="search-candidate")
+                         sigmas=[float(s) for s in profile.sigmas], method="search-candidate", forecast=order)
             m = hooks.patch_model(model, apply_config(model, pol, on_mismatch="error"))
             return [loss_fn(run(m, s), r) for s, r in zip(seed_list, refs)]  # per seed: paired comparisons
 

@@ -114,6 +114,7 @@ class ScheduleCatalog:
         self.names = list(names)
         self.calculate = calculate
         self._known: dict[tuple[str, int], Optional[list[float]]] = {}
+        self._placed: dict[tuple, Schedule] = {}
 
     def _get(self, name: str, n: int) -> Optional[list[float]]:
         key = (name, n)
@@ -135,6 +136,13 @@ class ScheduleCatalog:
                 return name
         return None
 
+    def locate(self, run: list[float]) -> Schedule:
+        """find_schedule over this catalog, remembered per run (found or not: a miss scans everything)."""
+        key = tuple(run)
+        if key not in self._placed:
+            self._placed[key] = find_schedule(run, None, self.candidates(len(run) - 1))
+        return self._placed[key]
+
     def candidates(self, n_run: int) -> Iterable[tuple[str, list[float]]]:
         """Full schedules longer than a run of n_run steps, shortest first."""
         for n in range(n_run + 1, max(MAX_SCHEDULE_SEARCH, 4 * n_run)):
@@ -154,13 +162,14 @@ def place_run(run_sigmas: Sequence[float], sigma_max: float, policy_sigmas: Opti
     `is_own_tail(schedule)` tells which, and an own tail uses the run's own N steps.
     """
     run = [float(v) for v in run_sigmas]
-    is_full = abs(run[0] - sigma_max) <= REL_TOL * sigma_max and run[-1] == 0.0
-    cands = catalog.candidates(len(run) - 1) if catalog is not None and not is_full else ()
-    sched = find_schedule(run, policy_sigmas, cands)
+    # full: from σ_max to 0, or a standard schedule of its own length (ddim_uniform starts below σ_max)
+    is_full = (abs(run[0] - sigma_max) <= REL_TOL * sigma_max and run[-1] == 0.0) or \
+        (catalog is not None and catalog.name_of(run) is not None)
+    sched = find_schedule(run, policy_sigmas, ())
+    if sched.source == "run" and not is_full and catalog is not None:
+        sched = catalog.locate(run)
     if sched.source.startswith("model:") and sched.offset > 0 and is_own_tail(sched):
-        log.info("GCache: this run is the tail of a longer schedule (denoise < 1?); using its own %d steps.",
-                 sched.n_run)
-        sched = Schedule(run, 0, sched.n_run, "run")
+        sched = Schedule(run, 0, sched.n_run, "tail")  # logged by the caller: "its own N steps"
     return sched
 
 

@@ -37,11 +37,12 @@ class ReferenceHarness:
                 "scheduler": f"flow_shift_{self.shift:g}", "steps": self.n_steps, "cfg": self.cfg_scale}
 
     def run(self, seeds: Sequence[int], mask: Optional[Sequence[int]] = None, recorder=None,
-            cache_device=None) -> tuple[torch.Tensor, Optional[CacheStats]]:
+            cache_device=None, forecast: int = 0) -> tuple[torch.Tensor, Optional[CacheStats]]:
         """Images in [0, 1]. mask=None and no recorder: the model without GCache at all."""
         if mask is None and recorder is None:
             return to_unit(sample(self.model, labels_for(seeds), seeds, self.n_steps, self.cfg_scale, self.shift)), None
-        with ResidualCache(mask, cache_device=cache_device, recorder=recorder) as cache:
+        with ResidualCache(mask, cache_device=cache_device, recorder=recorder, forecast=forecast,
+                           times=self.times if mask is not None else None) as cache:
             img = sample(self.model, labels_for(seeds), seeds, self.n_steps, self.cfg_scale, self.shift, cache=cache)
         return to_unit(img), cache.stats
 
@@ -51,20 +52,21 @@ class ReferenceHarness:
             self._full_cache[key] = self.run(seeds)[0]
         return self._full_cache[key]
 
-    def profile(self, seeds: Sequence[int], history_device=None) -> Profile:
-        """One full-compute run per seed batch; every CFG branch of every run is one sample of E."""
-        rec = ProfileRecorder(self.times, self.sigmas, self.meta, history_device=history_device)
+    def profile(self, seeds: Sequence[int], history_device=None, forecast: bool = False) -> Profile:
+        """One full-compute run per seed batch; every CFG branch of every run is one sample of E (and E1)."""
+        rec = ProfileRecorder(self.times, self.sigmas, self.meta, history_device=history_device, forecast=forecast)
         images, _ = self.run(seeds, mask=None, recorder=rec)
         self._full_cache.setdefault(tuple(int(s) for s in seeds), images)  # a profiled run is a full run
         return rec.finish()
 
-    def evaluator(self, seeds: Sequence[int], objective: Callable[[torch.Tensor, torch.Tensor], float]):
+    def evaluator(self, seeds: Sequence[int], objective: Callable[[torch.Tensor, torch.Tensor], float],
+                  forecast: int = 0):
         """evaluate(mask) -> the loss of each seed's image sampled under mask against its full-compute image
         (the search averages them, and compares masks seed by seed)."""
         ref = self.full(seeds)
 
         def evaluate(mask: Sequence[int]) -> list[float]:
-            img, _ = self.run(seeds, mask=list(mask))
+            img, _ = self.run(seeds, mask=list(mask), forecast=forecast)
             return [float(objective(img[i:i + 1], ref[i:i + 1])) for i in range(img.shape[0])]
         return evaluate
 

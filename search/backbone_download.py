@@ -29,9 +29,12 @@ def download_checked(url: str, path: str, sha256_prefix: str, opener: Optional[C
     """Fetch `url` to `path` unless the content's sha256 does not start with `sha256_prefix`."""
     opener = opener or urllib.request.urlopen
     folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
     log.info("GCache: downloading %s to %s (first use of LPIPS; once only).", url, path)
-    fd, tmp = tempfile.mkstemp(prefix=".gcache-download-", dir=folder)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".gcache-download-", dir=folder)
+    except OSError as e:
+        raise DownloadFailed(f"{folder} cannot be written ({e})") from None
     digest = hashlib.sha256()
     try:
         with os.fdopen(fd, "wb") as f:

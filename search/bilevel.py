@@ -35,6 +35,7 @@ from ..core.policy import Policy, check_budget
 from ..core.profile import Profile
 from ..core.weights import bernstein_w
 from .dp import dp_mask
+from .dp_forecast import dp_mask_forecast
 from .gp import GPLCB, kappa_schedule, start_grid
 
 log = logging.getLogger("gcache")
@@ -47,10 +48,16 @@ N_INSTANT = 3  # theory DP, local DP, TeaCache-like: evaluated first
 NOISE_Z = 2.0  # a searched mask must beat the best instant one by this many paired standard errors over seeds
 
 
-def instant_masks(profile: Profile, k: int) -> list[tuple[str, list]]:
-    """The masks the search measures first (method name, mask)."""
+def instant_masks(profile: Profile, k: int, forecast: int = 0) -> list[tuple[str, list]]:
+    """The masks the search measures first (method name, mask): the instant DP masks for the order the search
+    applies, and (for forecasting) the reuse-optimal theory mask too, then the TeaCache-like one."""
     from .baselines import teacache_mask
     from .instant import instant_policy
+    if forecast:
+        return [("theory_dp_forecast", instant_policy(profile, k, "theory", forecast=1).mask),
+                ("local_dp_forecast", instant_policy(profile, k, "local", forecast=1).mask),
+                ("theory_dp", instant_policy(profile, k, "theory").mask),
+                ("teacache", teacache_mask(profile.rel_h, k)[0])]
     return [("theory_dp", instant_policy(profile, k, "theory").mask),
             ("local_dp", instant_policy(profile, k, "local").mask),
             ("teacache", teacache_mask(profile.rel_h, k)[0])]
@@ -74,15 +81,19 @@ class SearchConfig:
     warm_maxiter: int = 30
     cold_every: int = 50
     log_loss: bool = True   # the GP models log(loss) when losses are ≥ 0 (they span decades; see gp_targets)
+    forecast: int = 0       # the order masks are applied with (evaluate must apply it); 1 and 2 use the order-1 DP
 
     def validate(self, n_steps: int) -> None:
         check_budget(self.k, n_steps)
         if not isinstance(self.degree, int) or not 1 <= self.degree <= SEARCH_MAX_DEGREE:
             raise GCacheError(f"degree must be a whole number in 1..{SEARCH_MAX_DEGREE} (the paper uses 3), got {self.degree!r}.")
+        if self.forecast not in (0, 1, 2):
+            raise GCacheError(f"forecast must be 0 (reuse), 1 or 2, got {self.forecast!r}.")
         grid = 2 ** (self.degree + 1)
-        least = N_INSTANT + grid + 1
+        n_instant = N_INSTANT + (1 if self.forecast else 0)
+        least = n_instant + grid + 1
         if not isinstance(self.budget, int) or self.budget < least:
-            raise GCacheError(f"budget = {self.budget!r} evaluations covers at most the {N_INSTANT} instant masks and the "
+            raise GCacheError(f"budget = {self.budget!r} evaluations covers at most the {n_instant} instant masks and the "
                               f"{grid}-point start grid of degree {self.degree}, so the GP would never propose a mask: "
                               f"the minimum useful budget is {least} (the paper uses 500). For no search at all, use "
                               "GCache Policy's instant policy.")
@@ -210,8 +221,11 @@ def _new_state(config: SearchConfig, fp: str, prof_id: dict, provenance: dict) -
 # ---------------------------------------------------------------------------------------------- search
 def run_search(profile: Profile, config: SearchConfig, evaluate: Callable[[list], float],
                state_path: Optional[str] = None, progress: Optional[Callable[[dict], None]] = None,
-               should_stop: Optional[Callable[[], bool]] = None, provenance: Optional[dict] = None) -> SearchResult:
-    """Search s; `evaluate(mask) -> loss` samples under the mask. See the module docstring."""
+               should_stop: Optional[Callable[[], bool]] = None, provenance: Optional[dict] = None,
+               extra_masks: Sequence[tuple[str, Sequence[int]]] = ()) -> SearchResult:
+    """Search s; `evaluate(mask) -> loss` (or per-seed losses) samples under the mask. `extra_masks` (name, mask)
+    are measured first too, after the instant ones (e.g. the reuse search's result for a forecast search).
+    See the module docstring."""
     if not isinstance(profile, Profile):
         raise GCacheError("run_search needs a GCache Profile (profile the model first).")
     n = profile.n_steps
@@ -243,7 +257,13 @@ def run_search(profile: Profile, config: SearchConfig, evaluate: Callable[[list]
     grid = start_grid(dim, config.s_min, config.s_max)
     gp = GPLCB(dim, config.s_min, config.s_max, config.seed, config.n_candidates, config.n_polish,
                config.warm_maxiter, config.cold_every)
-    instant = instant_masks(profile, config.k)
+    instant = instant_masks(profile, config.k, config.forecast) + [(str(nm), [int(v) for v in m]) for nm, m in extra_masks]
+    for nm, m in instant:
+        if len(m) != n or sum(m) != config.k or m[0] != 1:
+            raise GCacheError(f"The start mask {nm!r} is not a K = {config.k} mask over {n} steps with step 0 computed.")
+    if config.budget < len(instant) + len(grid) + 1:
+        raise GCacheError(f"budget = {config.budget} covers only the {len(instant)} start masks and the {len(grid)}-point "
+                          f"start grid: the minimum useful budget is {len(instant) + len(grid) + 1}.")
     n_gp_iters = config.budget - len(instant) - len(grid)
     t_start = time.perf_counter()
     log.info("GCache Search: N = %d, K = %d, budget %d (%d instant masks, %d start grid, %d GP), %s seeds, "
@@ -252,7 +272,11 @@ def run_search(profile: Profile, config: SearchConfig, evaluate: Callable[[list]
              f"resumed at evaluation {len(state['history'])}" if state["history"] else "starting")
     every = max(1, config.budget // 10)
 
+    E1 = profile.E1 if config.forecast else None  # a profile without forecast errors stops here, with the fix
+
     def mask_for(s) -> tuple[list, float]:
+        if E1 is not None:
+            return dp_mask_forecast(E, E1, bernstein_w(times, s), config.k)
         return dp_mask(E, bernstein_w(times, s), config.k)
 
     def measure(mask: list, i: int) -> tuple[float, float, bool]:
@@ -335,8 +359,12 @@ def run_search(profile: Profile, config: SearchConfig, evaluate: Callable[[list]
         save()
         report({"kind": "final", **state["final"]})
     result = _result(state, profile, config)
-    log.info("GCache Search: done in %.1f s: mask %s, won by %s, loss %.5g.", time.perf_counter() - t_start,
-             result.policy.describe(), result.policy.provenance["won"], result.policy.metrics["loss"])
+    log.info("GCache Search: done in %.1f s: mask %s, won by %s (%s), loss %.5g.", time.perf_counter() - t_start,
+             result.policy.describe(), result.policy.provenance["won"], result.policy.provenance["chosen"],
+             result.policy.metrics["loss"])
+    if (result.policy.metrics.get("loss_minus_instant") or {}).get("se") is None:
+        log.info("GCache Search: no per-seed losses for two or more seeds, so a searched mask was kept without "
+                 "checking its gain against the seed noise (use 2+ seeds for that check).")
     return result
 
 
@@ -372,7 +400,8 @@ def _result(state: dict, profile: Profile, config: SearchConfig) -> SearchResult
         gain = paired_difference(masks[chosen["mask"]].get("per_seed"), masks[instant["mask"]].get("per_seed"))
         if gain is not None and gain["se"] is not None and gain["mean"] + NOISE_Z * gain["se"] >= 0:
             chosen, how, won = instant, "instant_within_noise", instant["method"]
-    theory = next((h for h in hist if h.get("method") == "theory_dp"), None)
+    own = "theory_dp_forecast" if config.forecast else "theory_dp"  # the instant policy of the same order
+    theory = next((h for h in hist if h.get("method") == own), None)
     vs = paired_difference(masks[chosen["mask"]].get("per_seed"), masks[theory["mask"]].get("per_seed")) \
         if theory is not None else None
     to_mask = lambda key: [int(c) for c in key]  # noqa: E731
@@ -385,8 +414,10 @@ def _result(state: dict, profile: Profile, config: SearchConfig) -> SearchResult
         metrics["instant_loss"] = theory["loss"]
     if vs is not None:
         metrics["loss_minus_instant"] = vs  # paired over seeds: < 0 means the search beat the instant policy
+    prov["forecast"] = {"order": config.forecast, "chosen_by": "search config"}
     policy = Policy(mask=to_mask(chosen["mask"]), times=[float(t) for t in profile.times],
-                    sigmas=[float(v) for v in profile.sigmas], method="gcache", provenance=prov, metrics=metrics)
+                    sigmas=[float(v) for v in profile.sigmas], method="gcache", provenance=prov, metrics=metrics,
+                    forecast=config.forecast)
     return SearchResult(policy=policy, best_mask=to_mask(best["mask"]), best_loss=best["loss"],
                         mu_mask=to_mask(fin["mask"]), mu_loss=fin["loss"], s_best=chosen["s"], s_mu=fin["s"],
                         history=hist, state=state, evaluations=len(state["masks"]))

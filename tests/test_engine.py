@@ -217,3 +217,65 @@ def test_small_caches_are_reported_in_a_readable_unit():
     cache.run(torch.zeros(1, 4, 4), ["all"], lambda h: h + 1)
     cache.close()
     assert "cache peak 64 B" in cache.summary(0.1)  # not "0.0 MiB"
+
+
+@pytest.mark.parametrize("order", [1, 2])
+def test_forecast_extrapolates_the_residual_in_time(order):
+    """δ linear (order 1) or quadratic (order 2) in t: the forecast is exact, where reuse is not."""
+    times = [1.0, 0.8, 0.6, 0.4, 0.2]
+    mask = [1, 1, 1, 0, 0]
+    true = (lambda t: 3 * t - 1) if order == 1 else (lambda t: 2 * t * t - t + 0.5)
+    cache = ResidualCache(mask, forecast=order, times=times)
+    outs = []
+    for step, t in enumerate(times):
+        cache.set_step(step)
+        h = torch.full((1, 2, 2), float(step))
+        outs.append(cache.run(h, ["all"], lambda x, t=t: x + true(t)))
+    for step in (3, 4):
+        assert torch.allclose(outs[step], torch.full((1, 2, 2), step + true(times[step])), atol=1e-5)
+    assert cache.held_tensors() == order + 1  # the last order + 1 computed residuals per branch, no more
+
+
+def test_forecast_falls_back_to_lower_orders_and_order_0_is_reuse():
+    times = [1.0, 0.75, 0.5, 0.25]
+    cache = ResidualCache([1, 0, 1, 0], forecast=2, times=times)
+    h = torch.zeros(1, 1, 1)
+    cache.set_step(0)
+    cache.run(h, ["all"], lambda x: x + 1.0)                  # δ_0 = 1
+    cache.set_step(1)
+    assert cache.run(h, ["all"], None).item() == 1.0           # one computed step: reuse
+    cache.set_step(2)
+    cache.run(h, ["all"], lambda x: x + 2.0)                  # δ_2 = 2
+    cache.set_step(3)
+    assert cache.run(h, ["all"], None).item() == pytest.approx(2.5)  # two: linear in t
+    reuse = ResidualCache([1, 0], forecast=0, times=[1.0, 0.5])
+    reuse.set_step(0)
+    reuse.run(h, ["all"], lambda x: x + 1.0)
+    reuse.set_step(1)
+    assert reuse.run(h, ["all"], None).item() == 1.0
+
+
+def test_forecast_all_ones_is_bit_identical(tiny_model):
+    plain = sample(tiny_model, LABELS, SEEDS, n_steps=8, cfg_scale=3.0)
+    with ResidualCache([1] * 8, forecast=1, times=[1 - i / 8 for i in range(8)]) as cache:
+        assert torch.equal(plain, sample(tiny_model, LABELS, SEEDS, n_steps=8, cfg_scale=3.0, cache=cache))
+    assert cache.stats.peak_bytes == 0  # nothing kept: no step is skipped
+
+
+def test_forecast_needs_times():
+    with pytest.raises(GCacheError, match="normalized time"):
+        ResidualCache([1, 0], forecast=1)
+
+
+def test_snapshot_reuses_the_storage_of_the_delta_it_replaces():
+    """Peak memory: the snapshot of h on a storing step is written into the δ that step evicts."""
+    cache = ResidualCache([1, 0, 1, 0])
+    ptrs = []
+    for step in range(4):
+        cache.set_step(step)
+        cache.run(torch.full((1, 3, 4), float(step)), ["all"], lambda x: x * 2 + 1)
+        if step in (0, 2):
+            ptrs.append(cache._deltas["all"][-1][1].data_ptr())
+    assert ptrs[0] == ptrs[1]
+    cache.set_step(3)
+    assert torch.equal(cache.run(torch.zeros(1, 3, 4), ["all"], None), torch.full((1, 3, 4), 3.0))  # δ_2 = 2 + 1

@@ -107,5 +107,13 @@ def test_schedule_catalog_scans_once_and_place_run_follows_the_tail_rule():
     assert (s.source, s.offset, s.n_global) == ("model:linear", 3, 6)
     scanned = len(calls)
     s = place_run(second_half, 1.0, None, cat, lambda s: True)   # a tail of its own (denoise < 1): own steps
-    assert (s.source, s.offset, s.n_global) == ("run", 0, 3)
+    assert (s.source, s.offset, s.n_global) == ("tail", 0, 3)
     assert len(calls) == scanned  # the second placement reused every computed (and failed) schedule
+    odd = [0.9, 0.55, 0.1]  # in no standard schedule: a miss, remembered too
+    assert place_run(odd, 1.0, None, cat, lambda s: False).source == "run"
+    scanned = len(calls)
+    assert place_run(odd, 1.0, None, cat, lambda s: False).source == "run" and len(calls) == scanned
+    # a standard schedule of its own length that starts below σ_max (ddim_uniform) is a full run, not a slice
+    assert place_run([0.8, 0.4, 0.0], 1.0, None, ScheduleCatalog(["low"], lambda name, n: [0.8 * (1 - i / n)
+                                                                                           for i in range(n + 1)]),
+                     lambda s: False).source == "run"

@@ -210,3 +210,25 @@ def test_history_with_gaps_is_read_in_stream_ordered_slices():
     for i in (0, 2, 3):
         for j in (0, 2, 3):
             assert b.rows[i, j].item() == pytest.approx((ds[i] - ds[j]).abs().mean().item(), rel=1e-5)
+
+
+def test_forecast_errors_match_brute_force_and_survive_the_file(tiny_model, tmp_path):
+    rec = profile_run(tiny_model, [1, 2], recorder_cls=SpyRecorder, forecast=True)
+    seen, t = rec.seen, times()
+    prof = rec.finish()
+    E1 = prof.E1
+    for p in range(N):
+        for i in range(p + 1, N):
+            for j in range(i + 1, N):
+                c = (t[j] - t[i]) / (t[i] - t[p])
+                want = np.mean([((1 + c) * br[i][1] - c * br[p][1] - br[j][1]).abs().mean().item()
+                                for br in seen.values()])
+                assert E1[p, i, j] == pytest.approx(want, rel=1e-4, abs=1e-7)
+    assert E1[3, 1, 5] == 0 and E1[1, 2, 2] == 0  # only p < i < j is defined
+    path = str(tmp_path / "f.profile.safetensors")
+    prof.save(path)
+    assert np.allclose(Profile.load(path).E1, E1)
+    merged = Profile.load(path).merge(Profile.load(path))
+    assert np.allclose(merged.E1, E1)
+    with pytest.raises(GCacheError, match="forecast"):
+        profile_run(tiny_model, [1]).finish().E1  # recorded without forecast errors

@@ -26,7 +26,7 @@ def test_search_command_writes_policy_state_and_png(tmp_path, tiny_model, capsys
 
 def test_quality_bench_runs(tiny_model, capsys):
     from gcache.bench.quality import METHODS, main
-    out = main(["--steps", "6", "--budget", "12", "--degree", "2", "--search-seeds", "100-101", "--eval-seeds", "0-1",
+    out = main(["--steps", "6", "--budget", "14", "--degree", "2", "--search-seeds", "100-101", "--eval-seeds", "0-1",
                 "--objective", "psnr"], harness_factory=lambda n: ReferenceHarness(n, model=tiny_model))
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert json.loads(last) == json.loads(json.dumps(out))

@@ -277,3 +277,41 @@ def test_block_patches_never_reached_are_reported(unet_dir, caplog):
     with caplog.at_level("WARNING", logger="gcache"):
         ksample(patched, pos, neg, lat, 1.0)
     assert "never reached" in caplog.text and "nothing was cached" in caplog.text
+
+
+# ------------------------------------------------------------------------------ forecasting (order 1 and 2)
+def _times(model):
+    """The model's normalized time of each of the N steps (t = timestep(σ) / timestep(σ_max); σ for flow models)."""
+    import comfy.samplers
+    ms = model.get_model_object("model_sampling")
+    sig = comfy.samplers.calculate_sigmas(ms, "simple", N)[:-1]
+    top = float(ms.timestep(ms.sigma_max.reshape(1).float()))
+    return [float(ms.timestep(s.reshape(1).float())) / top for s in sig]
+
+
+@pytest.mark.parametrize("name", ["flux", "wan21", "hunyuan_video"])
+@pytest.mark.parametrize("cfg", [1.0, 3.0])
+def test_forecast_in_comfyui_classes(name, cfg, unet_dir):
+    model, pos, neg, lat = build(name, unet_dir)
+    plain = ksample(model, pos, neg, lat, cfg)
+    for order in (1, 2):
+        ones = hooks.patch_model(model, configs.apply_config(model, Policy([1] * N, forecast=order)))
+        assert torch.equal(plain, ksample(ones, pos, neg, lat, cfg))
+    obs = StackObserver(hooks.patch_model(model, configs.apply_config(model, Policy(MASK, forecast=1))),
+                        FAMILIES[name][1])
+    try:
+        ksample(obs.model, pos, neg, lat, cfg)
+    finally:
+        obs.close()
+    t, computed, errs = _times(model), [], []
+    for j, c in enumerate(obs.calls):  # euler, one call per step: call j is step j
+        if c["ran"]:
+            computed.append((j, c["z"] - c["h"]))
+            continue
+        if len(computed) == 1:
+            want = c["h"] + computed[-1][1]
+        else:
+            (p, dp), (i, di) = computed[-2:]
+            want = c["h"] + di + (t[j] - t[i]) / (t[i] - t[p]) * (di - dp)
+        errs.append(rel(c["z"], want))
+    assert len(errs) == 3 and max(errs) < 1e-5, errs

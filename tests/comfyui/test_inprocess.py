@@ -299,16 +299,18 @@ def test_apply_auto_profiles_once_then_applies_the_instant_policy(built, gcache_
         ksample(model, pos, neg, lat, cfg=3.0)
     assert len(first.batches) == N  # the first run computes every step (and profiles it)
     names = sorted(os.listdir(gcache_dir))
-    assert len(names) == 2 and all(n.startswith("auto_Flux-") and "_6steps_simple_2x" in n for n in names), names
+    assert len(names) == 2 and all(n.startswith("auto_Flux-") and "_6steps_simple" in n for n in names), names
+    pol_name = next(n for n in names if n.endswith("_6steps_simple_2x.json"))
+    prof_name = next(n for n in names if n.endswith("_6steps_simple.profile.safetensors"))
     assert "computes every step and profiles it" in caplog.text and "the next run applies it" in caplog.text
-    pol = Policy.load(str(gcache_dir / names[0]))
-    prof = Profile.load(str(gcache_dir / names[1]))
+    pol = Policy.load(str(gcache_dir / pol_name))
+    prof = Profile.load(str(gcache_dir / prof_name))
     assert pol.mask == instant_policy(prof, pol.n_computed, "theory").mask and pol.n_computed < N
     caplog.clear()
     with caplog.at_level("INFO", logger="gcache"), BlockCounter(m, "flux") as second:
         ksample(model, pos, neg, lat, cfg=3.0)
     assert sum(second.batches) == pol.n_computed * 2  # K steps, two branches (cond and uncond) in one batch
-    assert f"applying {names[0]}" in caplog.text
+    assert f"applying {pol_name}" in caplog.text
     # faster than the plain model, on a Flux where the block stack dominates a step (the tiny one is mostly
     # Python): CPU time of the sampling thread, medians of 3, steadier than wall time on a shared machine
     big, bpos, bneg, blat = tm.flux(hidden_size=256, depth=4, side=32)
@@ -328,8 +330,26 @@ def test_apply_auto_profiles_once_then_applies_the_instant_policy(built, gcache_
     caplog.clear()
     with caplog.at_level("INFO", logger="gcache"), BlockCounter(m, "flux") as c:
         ksample(model, pos, neg, lat, steps=12)
-    assert "remapping " + names[0] in caplog.text and len(c.batches) == pol.n_computed * 2  # K scales with N
+    assert "remapping " + pol_name in caplog.text and len(c.batches) == pol.n_computed * 2  # K scales with N
     assert sorted(os.listdir(gcache_dir)) == names
+    # another speed-up reuses the profile: its policy is built at once, with no full-compute run
+    caplog.clear()
+    with caplog.at_level("INFO", logger="gcache"), BlockCounter(m, "flux") as c:
+        ksample(GCacheApply.execute(m, "(auto)", "model device", "remap", 1.5).result[0], pos, neg, lat)
+    assert "from the saved " + prof_name in caplog.text and len(c.batches) < N
+
+
+def test_apply_auto_in_an_unwritable_folder_keeps_the_image(built, gcache_dir, monkeypatch, caplog):
+    from gcache.core import files as core_files
+    m, pos, neg, lat = built["flux"]
+
+    def refuse(*a, **k):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(core_files.tempfile, "mkstemp", refuse)
+    model = GCacheApply.execute(m, "(auto)", "model device", "remap", 2.0).result[0]
+    with caplog.at_level("ERROR", logger="gcache"):
+        out = ksample(model, pos, neg, lat)
+    assert torch.equal(out, ksample(m, pos, neg, lat)) and "could not add this run" in caplog.text
 
 
 def test_policy_node_equals_theory_dp_policy(built, gcache_dir):
