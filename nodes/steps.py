@@ -27,6 +27,7 @@ log = logging.getLogger("gcache")
 
 REL_TOL = 1e-4  # sigmas travel as float32 tensors; compare them relative to the schedule's scale
 MAX_SCHEDULE_SEARCH = 400  # longest full schedule tried when placing a slice
+TIME_TOL = 1e-3  # normalized times closer than this are the same step (float32 sigmas, one time map)
 
 
 def _close(a: float, b: float, scale: float) -> bool:
@@ -234,12 +235,19 @@ def place_policy(policy: Policy, schedule: Schedule, times: Sequence[float], on_
     Same step count → the policy as is. Otherwise remap by normalized time, or refuse (on_mismatch="error").
     """
     n = schedule.n_global
-    if policy.n_steps == n:
+    same_times = policy.times is None or all(abs(a - b) <= TIME_TOL for a, b in zip(policy.times, times))
+    if policy.n_steps == n and same_times:
         return Placement(list(policy.mask))
-    msg = (f"The policy was made for {policy.n_steps} sampler steps but this sampler runs {n}"
-           f"{' (a slice of a longer schedule)' if schedule.is_slice else ''}.")
+    if policy.n_steps == n:  # same count, another schedule (scheduler, shift, denoise): step i is another time
+        msg = (f"The policy was made for another schedule of {n} steps (its normalized times differ from this "
+               "run's by up to "
+               f"{max(abs(a - b) for a, b in zip(policy.times, times)):.3f}: another scheduler, shift or denoise).")
+    else:
+        msg = (f"The policy was made for {policy.n_steps} sampler steps but this sampler runs {n}"
+               f"{' (a slice of a longer schedule)' if schedule.is_slice else ''}.")
     if on_mismatch != "remap":
-        raise GCacheError(msg + " Set the sampler to the policy's step count, set 'step mismatch' to 'remap' "
-                                "(matches steps by normalized time), or search a policy for this step count.")
+        raise GCacheError(msg + " Set the sampler to the policy's steps and scheduler, set 'step mismatch' to "
+                                "'remap' (matches steps by normalized time), or make a policy for this schedule.")
     remapped = policy.remap(n, list(times))
-    return Placement(list(remapped.mask), note=f"remapped {policy.n_steps}→{n} steps by normalized time")
+    return Placement(list(remapped.mask), note=f"remapped {policy.n_steps}→{n} steps by normalized time"
+                     + ("" if policy.n_steps != n else " (another schedule)"))

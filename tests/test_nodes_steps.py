@@ -117,3 +117,14 @@ def test_schedule_catalog_scans_once_and_place_run_follows_the_tail_rule():
     assert place_run([0.8, 0.4, 0.0], 1.0, None, ScheduleCatalog(["low"], lambda name, n: [0.8 * (1 - i / n)
                                                                                            for i in range(n + 1)]),
                      lambda s: False).source == "run"
+
+
+def test_same_step_count_on_another_schedule_is_remapped_by_time_not_by_index():
+    sched = Schedule([1 - i / 6 for i in range(7)], 0, 6, "run")
+    pol = Policy([1, 0, 0, 1, 0, 1], times=[1 - i / 6 for i in range(6)])
+    karras_like = [1.0, 0.6, 0.35, 0.2, 0.1, 0.04]  # another scheduler: the same index is another time
+    p = place_policy(pol, sched, karras_like)
+    assert "another schedule" in p.note and sum(p.mask) == 3 and p.mask[0] == 1
+    with pytest.raises(GCacheError, match="another schedule of 6 steps"):
+        place_policy(pol, sched, karras_like, on_mismatch="error")
+    assert place_policy(pol, sched, [t + 1e-5 for t in pol.times]).note == ""  # float32 noise is the same schedule

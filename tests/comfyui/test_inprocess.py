@@ -367,3 +367,18 @@ def test_policy_node_equals_theory_dp_policy(built, gcache_dir):
     assert GCachePolicy.execute(prof, "K", 2.0, 2, "bernstein", "3, 1, 0", "").result[0].n_computed == 2
     with pytest.raises(GCacheError, match="bernstein_s"):
         GCachePolicy.execute(prof, "K", 2.0, 2, "bernstein", "a, b", "")
+
+
+def test_profile_node_records_forecast_errors_for_a_forecast_policy(built, gcache_dir):
+    from gcache.nodes.policy_node import GCachePolicy
+    from gcache.nodes.profile_node import GCacheProfile
+    from gcache.search.instant import instant_policy
+    m, pos, neg, lat = built["wan"]
+    ksample(GCacheProfile.execute(m, "fc", "model device", True).result[0], pos, neg, lat, cfg=3.0)
+    prof = Profile.load(str(gcache_dir / "fc.profile.safetensors"))
+    assert prof.E1.shape == (N, N, N) and prof.E1[0, 1, 2] > 0
+    pol = GCachePolicy.execute(prof, "K", 2.0, 3, "theory", "", "", "linear (1)").result[0]
+    assert pol.forecast == 1 and pol.mask == instant_policy(prof, 3, "theory", forecast=1).mask
+    with BlockCounter(m, "wan") as c:  # applied with forecasting: still K block runs
+        ksample(hooks.patch_model(m, configs.apply_config(m, pol)), pos, neg, lat)
+    assert len(c.batches) == 3
