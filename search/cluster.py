@@ -1,0 +1,133 @@
+"""The search on a Ray cluster: one coordinator (parallel.py, one JSON state), evaluations on Ray actors.
+
+Optional: `pip install "gcache[cluster]"` brings Ray; nothing else in GCache imports it. Each worker is an actor
+that loads its model once and evaluates masks on the search seeds; Ray places the actors (one CPU or GPU each),
+restarts one whose process died and retries the evaluation it was running (max_restarts / max_task_retries):
+no queue of our own. The reference model runs headless:
+
+    python -m gcache.search.cluster --workers 2 --steps 30 --k 10 --budget 48 --objective ssim --out cluster_out
+    python -m gcache.search.cluster --address auto ...     # an existing cluster (`ray start --head` / `--address`)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any, Optional, Sequence
+
+RESTARTS = 3  # a worker process that dies is restarted this often, and its evaluation retried
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise SystemExit("The cluster search needs Ray: pip install 'gcache[cluster]' (or pip install ray).") from None
+    return ray
+
+
+class ReferenceWorker:
+    """Evaluates masks on the bundled reference model (one instance per Ray actor)."""
+
+    def __init__(self, n_steps: int, seeds: Sequence[int], objective: str, forecast: int = 0, threads: int = 1):
+        import torch
+        torch.set_num_threads(threads)
+        from ..reference_model.harness import ReferenceHarness
+        from .objectives import make_objective
+        self.h = ReferenceHarness(n_steps)
+        self.seeds, self.forecast = list(seeds), forecast
+        self.evaluate = self.h.evaluator(self.seeds, make_objective(objective), forecast=forecast)
+
+    def run(self, mask: list) -> list:
+        return self.evaluate(mask)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class RayExecutor:
+    """parallel.Executor on Ray actors: a mask goes to a free actor; Ray retries it if the actor dies."""
+
+    def __init__(self, actors: list):
+        self.ray = _ray()
+        self.actors, self.busy = list(actors), {}
+
+    @classmethod
+    def start(cls, worker_cls, workers: int, *args, num_gpus: float = 0, **kwargs) -> "RayExecutor":
+        ray = _ray()
+        remote = ray.remote(num_cpus=1, num_gpus=num_gpus, max_restarts=RESTARTS, max_task_retries=RESTARTS)(worker_cls)
+        return cls([remote.remote(*args, **kwargs) for _ in range(workers)])
+
+    def submit(self, mask: list) -> Any:
+        free = [a for a in self.actors if a not in self.busy.values()]
+        actor = free[0] if free else self.actors[len(self.busy) % len(self.actors)]
+        ref = actor.run.remote(list(mask))
+        self.busy[ref] = actor
+        return ref
+
+    def wait(self, handles: list) -> list:
+        done, _ = self.ray.wait(list(handles), num_returns=1)
+        return done
+
+    def result(self, handle: Any) -> Any:
+        self.busy.pop(handle, None)
+        return self.ray.get(handle)
+
+    def pids(self) -> list[int]:
+        return self.ray.get([a.pid.remote() for a in self.actors])
+
+    def close(self) -> None:
+        for a in self.actors:
+            self.ray.kill(a)
+
+
+def main(argv: Optional[list] = None) -> int:
+    ap = argparse.ArgumentParser(description="GCache search on a Ray cluster (reference model).")
+    ap.add_argument("--workers", type=int, default=2, help="Ray actors, one model each (one CPU each)")
+    ap.add_argument("--q", type=int, default=None, help="evaluations in flight (default: workers)")
+    ap.add_argument("--address", default=None, help="an existing Ray cluster ('auto' or host:port); default: local")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--k", type=int, default=10)
+    ap.add_argument("--budget", type=int, default=48)
+    ap.add_argument("--degree", type=int, default=3)
+    ap.add_argument("--objective", default="ssim")
+    ap.add_argument("--forecast", type=int, default=0)
+    ap.add_argument("--search-seeds", default="1000-1015")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="cluster_out")
+    a = ap.parse_args(argv)
+    from ..reference_model.harness import ReferenceHarness
+    from ..reference_model.search import parse_seeds
+    from .bilevel import SearchConfig
+    from .parallel import run_search_parallel
+    ray = _ray()
+    ray.init(address=a.address, num_cpus=None if a.address else a.workers + 1, include_dashboard=False,
+             log_to_driver=False, ignore_reinit_error=True)
+    seeds = parse_seeds(a.search_seeds)
+    profile = ReferenceHarness(a.steps).profile(seeds, forecast=bool(a.forecast))
+    config = SearchConfig(k=a.k, degree=a.degree, budget=a.budget, seed=a.seed, objective=a.objective,
+                          forecast=a.forecast)
+    os.makedirs(a.out, exist_ok=True)
+    state = os.path.join(a.out, f"search_state_N{a.steps}_K{a.k}.json")
+    ex = RayExecutor.start(ReferenceWorker, a.workers, a.steps, seeds, a.objective, a.forecast)
+    t0 = time.time()
+    try:
+        res = run_search_parallel(profile, config, ex, q=a.q or a.workers, state_path=state,
+                                  provenance={"seeds": seeds})
+    finally:
+        ex.close()
+    pol = res.policy
+    path = os.path.join(a.out, f"policy_N{a.steps}_K{a.k}.json")
+    pol.save(path)
+    print(f"GCache cluster search N={a.steps} K={a.k} on {a.workers} workers: {res.evaluations} evaluations "
+          f"({len(res.history)} iterations) in {time.time() - t0:.0f}s")
+    print(f"  mask {pol.describe()}  (won by {pol.provenance['won']}); search loss {pol.metrics['loss']:.5g}")
+    print(json.dumps({"policy": path, "state": state, "evaluations": res.evaluations,
+                      "wall_s": round(time.time() - t0, 1)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
