@@ -4,6 +4,7 @@ from __future__ import annotations
 from comfy_api.latest import io
 
 from ..core.errors import GCacheError
+from ..core.policy import Policy
 from . import comfy_common as cc
 from . import artifacts, hooks
 from .configs import CACHE_DEVICES, STEP_MISMATCH, apply_config, auto_config
@@ -38,6 +39,9 @@ class GCacheApply(io.ComfyNode):
                                tooltip="On skipped steps: the policy's choice, reuse the last residual (0), or "
                                        "forecast it from the last 2 (linear) or 3 (quadratic) computed steps; each "
                                        "order keeps one more residual per branch."),
+                io.String.Input("policy_json", default="", multiline=True, optional=True,
+                                tooltip="A policy as JSON text (what a policy file holds), for API clients such as the "
+                                        "cluster search's ComfyUI workers; overrides policy_file. Empty: unused."),
                 cc.GCachePolicy.Input("policy", optional=True,
                                       tooltip="A policy from GCache Policy or GCache Search; overrides policy_file."),
             ],
@@ -56,10 +60,12 @@ class GCacheApply(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, policy_file, cache_device, step_mismatch, auto_speedup=2.0, forecast="policy's",
-                policy=None) -> io.NodeOutput:
+                policy_json="", policy=None) -> io.NodeOutput:
         cc.check_choice("cache_device", cache_device, list(CACHE_DEVICES))
         cc.check_choice("forecast", forecast, ["policy's"] + list(cc.FORECAST))
         device = CACHE_DEVICES[cache_device]
+        if policy is None and policy_json and policy_json.strip():
+            policy = Policy.from_json(policy_json, source="policy_json")
         if policy is None and policy_file in (cc.AUTO, cc.NO_FILE):
             config = auto_config(model, cc.folder(), auto_speedup, on_mismatch=step_mismatch, cache_device=device)
         else:

@@ -7,6 +7,8 @@ no queue of our own. The reference model runs headless:
 
     python -m gcache.search.cluster --workers 2 --steps 30 --k 10 --budget 48 --objective ssim --out cluster_out
     python -m gcache.search.cluster --address auto ...     # an existing cluster (`ray start --head` / `--address`)
+    python -m gcache.search.cluster --comfyui http://gpu1:8188,http://gpu2:8188 --workflow wf_api.json \
+        --profile models/gcache/flux.profile.safetensors --k 10 --budget 64   # ComfyUI servers, one per GPU
 """
 from __future__ import annotations
 
@@ -56,9 +58,15 @@ class RayExecutor:
 
     @classmethod
     def start(cls, worker_cls, workers: int, *args, num_gpus: float = 0, **kwargs) -> "RayExecutor":
+        """`workers` actors of worker_cls(*args, **kwargs), one CPU (and num_gpus GPUs) each."""
+        return cls.start_each(worker_cls, [(args, kwargs)] * workers, num_gpus=num_gpus)
+
+    @classmethod
+    def start_each(cls, worker_cls, arguments: list, num_gpus: float = 0) -> "RayExecutor":
+        """One actor per (args, kwargs): e.g. one ComfyUIWorker per server address."""
         ray = _ray()
         remote = ray.remote(num_cpus=1, num_gpus=num_gpus, max_restarts=RESTARTS, max_task_retries=RESTARTS)(worker_cls)
-        return cls([remote.remote(*args, **kwargs) for _ in range(workers)])
+        return cls([remote.remote(*a, **k) for a, k in arguments])
 
     def submit(self, mask: list) -> Any:
         free = [a for a in self.actors if a not in self.busy.values()]
@@ -97,6 +105,11 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--search-seeds", default="1000-1015")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="cluster_out")
+    ap.add_argument("--comfyui", default=None,
+                    help="ComfyUI models instead of the reference model: comma-separated server URLs, one worker "
+                         "each (each server on its own GPU), with --workflow and --profile")
+    ap.add_argument("--workflow", default=None, help="the workflow in ComfyUI's API format, with a GCache Apply node")
+    ap.add_argument("--profile", default=None, help="the model's profile (GCache Profile's .profile.safetensors)")
     a = ap.parse_args(argv)
     from ..reference_model.harness import ReferenceHarness
     from ..reference_model.search import parse_seeds
@@ -106,12 +119,24 @@ def main(argv: Optional[list] = None) -> int:
     ray.init(address=a.address, num_cpus=None if a.address else a.workers + 1, include_dashboard=False,
              log_to_driver=False, ignore_reinit_error=True)
     seeds = parse_seeds(a.search_seeds)
-    profile = ReferenceHarness(a.steps).profile(seeds, forecast=bool(a.forecast))
+    if a.comfyui:
+        from ..core.profile import Profile
+        from .comfyui_worker import ComfyUIWorker
+        if not (a.workflow and a.profile):
+            ap.error("--comfyui needs --workflow (API format) and --profile")
+        with open(a.workflow, encoding="utf-8") as f:
+            workflow = json.load(f)
+        profile = Profile.load(a.profile)
+        a.steps, urls = profile.n_steps, [u.strip() for u in a.comfyui.split(",") if u.strip()]
+        a.workers = len(urls)
+        ex = RayExecutor.start_each(ComfyUIWorker, [((u, workflow, seeds, a.objective, a.forecast), {}) for u in urls])
+    else:
+        profile = ReferenceHarness(a.steps).profile(seeds, forecast=bool(a.forecast))
+        ex = RayExecutor.start(ReferenceWorker, a.workers, a.steps, seeds, a.objective, a.forecast)
     config = SearchConfig(k=a.k, degree=a.degree, budget=a.budget, seed=a.seed, objective=a.objective,
                           forecast=a.forecast)
     os.makedirs(a.out, exist_ok=True)
     state = os.path.join(a.out, f"search_state_N{a.steps}_K{a.k}.json")
-    ex = RayExecutor.start(ReferenceWorker, a.workers, a.steps, seeds, a.objective, a.forecast)
     t0 = time.time()
     try:
         res = run_search_parallel(profile, config, ex, q=a.q or a.workers, state_path=state,

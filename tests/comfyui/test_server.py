@@ -6,12 +6,7 @@ pack (tiny Flux, random conditioning).
 """
 import json
 import os
-import socket
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 
 import pytest
@@ -27,61 +22,13 @@ FRONTEND_ONLY = {"Note", "MarkdownNote", "Reroute", "PrimitiveNode"}
 FILE_COMBOS = {"unet_name", "clip_name", "clip_name1", "clip_name2", "vae_name", "policy_file", "profile"}
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(url):
-    with urllib.request.urlopen(url, timeout=30) as r:
-        return json.loads(r.read())
-
-
-def _post(url, data):
-    req = urllib.request.Request(url, json.dumps(data).encode(), {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return json.loads(r.read())
-    except urllib.error.HTTPError as e:  # ComfyUI says what it refused (validation errors per node)
-        pytest.fail(f"POST {url}: {e.code} {e.read().decode(errors='replace')[:3000]}")
+from comfy_server import _get, _post, comfy_server  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    base = tmp_path_factory.mktemp("comfy_base")
-    (base / "custom_nodes").mkdir()
-    os.symlink(REPO, base / "custom_nodes" / "ComfyUI-GCache")
-    os.symlink(os.path.join(HERE, "gcache_test_pack"), base / "custom_nodes" / "gcache_test_pack")
-    port = _free_port()
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    log = open(base / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port),
-                             "--base-directory", str(base), "--disable-auto-launch"],
-                            cwd=COMFY, stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(240):
-            if proc.poll() is not None:
-                break
-            try:
-                info = _get(url + "/object_info")
-                break
-            except OSError:
-                time.sleep(0.5)
-        else:
-            info = None
-        if proc.poll() is not None or info is None:
-            pytest.fail("ComfyUI did not start: " + (base / "server.log").read_text()[-3000:])
-        yield {"url": url, "info": info, "base": base, "log": base / "server.log"}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+    with comfy_server(tmp_path_factory.mktemp("comfy_base")) as srv:
+        yield srv
 
 
 def test_nodes_listed_in_one_category_with_tooltips(server):

@@ -1,0 +1,115 @@
+"""A search worker that drives a ComfyUI server (on its own GPU) through ComfyUI's HTTP API. No ComfyUI import.
+
+The user's workflow in API format ("Save (API)") with a GCache Apply node between the model and the sampler
+and an image output (SaveImage / PreviewImage). For each evaluation the worker sets the sampler's seed and GCache
+Apply's `policy_json` (the mask as a policy), queues the prompt, waits for it, fetches the images over /view and
+scores them against the same seeds sampled with every step computed (fetched once, at the first evaluation).
+Loopback or cluster-internal addresses only: the worker talks to the server it was given.
+
+As a Ray actor (cluster.py's RayExecutor, one actor per server address), or `ComfyUIWorker.pool(urls, ...)`, a
+thread-per-server executor without Ray.
+"""
+from __future__ import annotations
+
+import copy
+import io
+import json
+import time
+import urllib.parse
+import urllib.request
+import uuid
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from ..core.errors import GCacheError
+from ..core.policy import Policy
+
+SAMPLERS = ("KSampler", "KSamplerAdvanced", "SamplerCustom", "RandomNoise")
+IMAGE_OUTPUTS = ("SaveImage", "PreviewImage", "SaveAnimatedWEBP", "SaveAnimatedPNG")
+
+
+def _node_of(workflow: dict, classes: Sequence[str], what: str) -> str:
+    found = [nid for nid, n in workflow.items() if n.get("class_type") in classes]
+    if len(found) != 1:
+        raise GCacheError(f"The workflow needs exactly one {what} ({' / '.join(classes)}), found {len(found)}.")
+    return found[0]
+
+
+class ComfyUIWorker:
+    def __init__(self, url: str, workflow: dict, seeds: Sequence[int], objective: str = "ssim",
+                 forecast: int = 0, timeout_s: float = 1800.0):
+        from .objectives import make_objective
+        self.url, self.workflow = url.rstrip("/"), copy.deepcopy(workflow)
+        self.seeds, self.forecast, self.timeout_s = [int(s) for s in seeds], forecast, timeout_s
+        self.apply = _node_of(self.workflow, ("GCacheApply",), "GCache Apply node")
+        self.sampler = _node_of(self.workflow, SAMPLERS, "sampler with a seed")
+        self.output = _node_of(self.workflow, IMAGE_OUTPUTS, "image output")
+        self.seed_key = "noise_seed" if "noise_seed" in self.workflow[self.sampler]["inputs"] else "seed"
+        self.objective = make_objective(objective)
+        self.client = uuid.uuid4().hex
+        self._refs: Optional[list] = None
+
+    # ---------------------------------------------------------------- HTTP
+    def _request(self, path: str, data: Optional[dict] = None) -> bytes:
+        req = urllib.request.Request(self.url + path, json.dumps(data).encode() if data is not None else None,
+                                     {"Content-Type": "application/json"} if data is not None else {})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.read()
+
+    def _images(self, mask: list, seed: int) -> torch.Tensor:
+        prompt = copy.deepcopy(self.workflow)
+        pol = Policy(list(mask), forecast=self.forecast, method="search-candidate")
+        prompt[self.apply]["inputs"]["policy_json"] = pol.to_json()
+        prompt[self.sampler]["inputs"][self.seed_key] = int(seed)
+        pid = json.loads(self._request("/prompt", {"prompt": prompt, "client_id": self.client}))["prompt_id"]
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:
+            hist = json.loads(self._request(f"/history/{pid}"))
+            status = hist.get(pid, {}).get("status", {})
+            if status.get("completed") is not None:
+                if status.get("status_str") != "success":
+                    raise GCacheError(f"ComfyUI at {self.url} failed the evaluation prompt: "
+                                      f"{json.dumps(status.get('messages', []))[-800:]}")
+                return self._fetch(hist[pid]["outputs"][self.output]["images"])
+            time.sleep(0.2)
+        raise GCacheError(f"ComfyUI at {self.url} did not finish an evaluation within {self.timeout_s:.0f} s.")
+
+    def _fetch(self, images: list) -> torch.Tensor:
+        from PIL import Image
+        out = []
+        for im in images:
+            q = urllib.parse.urlencode({"filename": im["filename"], "subfolder": im.get("subfolder", ""),
+                                        "type": im.get("type", "output")})
+            arr = np.asarray(Image.open(io.BytesIO(self._request(f"/view?{q}"))).convert("RGB"), dtype=np.float32)
+            out.append(torch.from_numpy(arr / 255.0).permute(2, 0, 1))
+        return torch.stack(out)
+
+    # ---------------------------------------------------------------- the worker's job
+    def run(self, mask: list) -> list[float]:
+        """Per-seed losses of `mask` against every step computed (the references are sampled once)."""
+        if self._refs is None:
+            self._refs = [self._images([1] * len(mask), s) for s in self.seeds]
+        return [float(self.objective(self._images(list(mask), s), ref)) for s, ref in zip(self.seeds, self._refs)]
+
+    def pid(self) -> str:
+        return self.url
+
+    @staticmethod
+    def pool(urls: Sequence[str], workflow: dict, seeds: Sequence[int], objective: str = "ssim", forecast: int = 0):
+        """An executor without Ray (parallel.ThreadExecutor): one thread per server, each evaluation on a free
+        server."""
+        import queue
+        from .parallel import ThreadExecutor
+        free: queue.Queue = queue.Queue()
+        for u in urls:
+            free.put(ComfyUIWorker(u, workflow, seeds, objective, forecast))
+
+        def run(mask):
+            w = free.get()
+            try:
+                return w.run(mask)
+            finally:
+                free.put(w)
+        return ThreadExecutor(run, len(urls))

@@ -1,0 +1,75 @@
+"""Start a real ComfyUI server for the suite (test helper; loopback only)."""
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from conftest import COMFY
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url):
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def _post(url, data):
+    req = urllib.request.Request(url, json.dumps(data).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as e:  # ComfyUI says what it refused (validation errors per node)
+        pytest.fail(f"POST {url}: {e.code} {e.read().decode(errors='replace')[:3000]}")
+
+
+@contextlib.contextmanager
+def comfy_server(base):
+    """A ComfyUI server on a free loopback port, with this repository and the test pack as custom nodes."""
+    (base / "custom_nodes").mkdir()
+    os.symlink(REPO, base / "custom_nodes" / "ComfyUI-GCache")
+    os.symlink(os.path.join(HERE, "gcache_test_pack"), base / "custom_nodes" / "gcache_test_pack")
+    port = _free_port()
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    log = open(base / "server.log", "w")
+    proc = subprocess.Popen([sys.executable, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port),
+                             "--base-directory", str(base), "--disable-auto-launch"],
+                            cwd=COMFY, stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(240):
+            if proc.poll() is not None:
+                break
+            try:
+                info = _get(url + "/object_info")
+                break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            info = None
+        if proc.poll() is not None or info is None:
+            pytest.fail("ComfyUI did not start: " + (base / "server.log").read_text()[-3000:])
+        yield {"url": url, "info": info, "base": base, "log": base / "server.log"}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+

@@ -1,0 +1,67 @@
+"""The scale-out search driving two real ComfyUI servers (CPU, tiny Flux) through their HTTP API."""
+import json
+
+import pytest
+
+from conftest import COMFY, REASON
+
+if not COMFY:
+    pytest.skip(REASON, allow_module_level=True)
+
+from comfy_server import _get, _post, comfy_server  # noqa: E402
+
+from gcache.core.profile import Profile  # noqa: E402
+from gcache.search.bilevel import SearchConfig  # noqa: E402
+from gcache.search.comfyui_worker import ComfyUIWorker  # noqa: E402
+from gcache.search.parallel import run_search_parallel  # noqa: E402
+
+N = 6
+
+
+def workflow(middle: dict) -> dict:
+    """Tiny Flux → `middle` (GCache Apply or Profile, node "5") → KSampler → decode → SaveImage, API format."""
+    return {
+        "1": {"class_type": "GCacheTestTinyFlux", "inputs": {"seed": 0}},
+        "2": {"class_type": "GCacheTestCond", "inputs": {"tokens": 6, "dim": 32, "pooled": 24, "seed": 1}},
+        "3": {"class_type": "GCacheTestCond", "inputs": {"tokens": 6, "dim": 32, "pooled": 24, "seed": 2}},
+        "4": {"class_type": "EmptySD3LatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}},
+        "5": middle,
+        "6": {"class_type": "KSampler", "inputs": {"model": ["5", 0], "seed": 0, "steps": N, "cfg": 2.0,
+                                                   "sampler_name": "euler", "scheduler": "simple",
+                                                   "positive": ["2", 0], "negative": ["3", 0],
+                                                   "latent_image": ["4", 0], "denoise": 1.0}},
+        "7": {"class_type": "VAEDecode", "inputs": {"samples": ["6", 0], "vae": ["8", 0]}},
+        "8": {"class_type": "GCacheTestVAE", "inputs": {}},
+        "9": {"class_type": "SaveImage", "inputs": {"images": ["7", 0], "filename_prefix": "gcache_eval"}},
+    }
+
+
+def test_search_on_two_comfyui_servers(tmp_path_factory):
+    with comfy_server(tmp_path_factory.mktemp("node_a")) as a, comfy_server(tmp_path_factory.mktemp("node_b")) as b:
+        # a profile of the reference runs, recorded by GCache Profile on one server
+        prof_wf = workflow({"class_type": "GCacheProfile", "inputs": {"model": ["1", 0], "profile_name": "tiny",
+                                                                      "history_device": "model device"}})
+        for seed in (0, 1):
+            prof_wf["6"]["inputs"]["seed"] = seed
+            pid = _post(a["url"] + "/prompt", {"prompt": prof_wf})["prompt_id"]
+            for _ in range(600):
+                if _get(f"{a['url']}/history/{pid}").get(pid, {}).get("status", {}).get("completed"):
+                    break
+                __import__("time").sleep(0.2)
+        profile = Profile.load(str(a["base"] / "models" / "gcache" / "tiny.profile.safetensors"))
+        assert profile.n_steps == N
+        apply_wf = workflow({"class_type": "GCacheApply", "inputs": {
+            "model": ["1", 0], "policy_file": "(auto)", "cache_device": "model device", "step_mismatch": "remap",
+            "policy_json": ""}})
+        ex = ComfyUIWorker.pool([a["url"], b["url"]], apply_wf, seeds=[0, 1], objective="ssim")
+        try:
+            res = run_search_parallel(profile, SearchConfig(k=3, degree=1, budget=9, objective="ssim"), ex, q=2,
+                                      provenance={"seeds": [0, 1]})
+        finally:
+            ex.close()
+        assert res.state["done"] and len(res.history) == 9 and res.policy.n_computed == 3
+        assert all(len(m["per_seed"]) == 2 for m in res.state["masks"].values())
+        for srv in (a, b):  # both servers sampled evaluations, each with GCache Apply's inline policy
+            log = srv["log"].read_text()
+            assert "GCache: computed 3/6 steps" in log, log[-2000:]
+        assert json.loads(res.policy.to_json())["k"] == 3
