@@ -279,14 +279,19 @@ def test_abandoned_split_recording_is_dropped_when_the_next_prompt_starts(built,
 
 # ------------------------------------------------------------------------------------------- instant / auto
 def _cpu_time_of(fn, repeats=3):
-    """Median CPU time of this thread (torch runs single-threaded here): steadier than wall time on a busy box."""
+    """Median time of fn: CPU time of this thread on the CPU (torch runs single-threaded here; steadier than wall
+    time on a busy box), synchronized wall time on a GPU (bench/gpu_check.sh), where the CPU only launches."""
     import statistics
     import time
+    cuda = tm.DEVICE.type == "cuda"
+    clock = time.perf_counter if cuda else time.thread_time
     ts = []
     for _ in range(repeats):
-        t0 = time.thread_time()
+        t0 = clock()
         fn()
-        ts.append(time.thread_time() - t0)
+        if cuda:
+            torch.cuda.synchronize()
+        ts.append(clock() - t0)
     return statistics.median(ts)
 
 
