@@ -63,6 +63,17 @@ def instant_masks(profile: Profile, k: int, forecast: int = 0) -> list[tuple[str
             ("teacache", teacache_mask(profile.rel_h, k)[0])]
 
 
+def start_masks(profile: Profile, config: SearchConfig,
+                extra_masks: Sequence[tuple[str, Sequence[int]]] = ()) -> list[tuple[str, list]]:
+    """The instant masks, then the caller's extra masks, each checked to be a K-mask over the profile's steps."""
+    n = profile.n_steps
+    masks = instant_masks(profile, config.k, config.forecast) + [(str(nm), [int(v) for v in m]) for nm, m in extra_masks]
+    for nm, m in masks:
+        if len(m) != n or sum(m) != config.k or m[0] != 1:
+            raise GCacheError(f"The start mask {nm!r} is not a K = {config.k} mask over {n} steps with step 0 computed.")
+    return masks
+
+
 class SearchInterrupted(Exception):
     """should_stop() said stop; the state file holds every evaluation so far (resume by running again)."""
 
@@ -257,10 +268,7 @@ def run_search(profile: Profile, config: SearchConfig, evaluate: Callable[[list]
     grid = start_grid(dim, config.s_min, config.s_max)
     gp = GPLCB(dim, config.s_min, config.s_max, config.seed, config.n_candidates, config.n_polish,
                config.warm_maxiter, config.cold_every)
-    instant = instant_masks(profile, config.k, config.forecast) + [(str(nm), [int(v) for v in m]) for nm, m in extra_masks]
-    for nm, m in instant:
-        if len(m) != n or sum(m) != config.k or m[0] != 1:
-            raise GCacheError(f"The start mask {nm!r} is not a K = {config.k} mask over {n} steps with step 0 computed.")
+    instant = start_masks(profile, config, extra_masks)
     if config.budget < len(instant) + len(grid) + 1:
         raise GCacheError(f"budget = {config.budget} covers only the {len(instant)} start masks and the {len(grid)}-point "
                           f"start grid: the minimum useful budget is {len(instant) + len(grid) + 1}.")

@@ -13,11 +13,14 @@ no queue of our own. The reference model runs headless:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
 import time
 from typing import Any, Optional, Sequence
+
+from ..core.errors import GCacheError
 
 RESTARTS = 3  # a worker process that dies is restarted this often, and its evaluation retried
 
@@ -83,8 +86,16 @@ class RayExecutor:
         self.busy.pop(handle, None)
         return self.ray.get(handle)
 
-    def pids(self) -> list[int]:
-        return self.ray.get([a.pid.remote() for a in self.actors])
+    def pids(self, timeout_s: Optional[float] = None) -> list[int]:
+        """Each worker's process id (or server): returns once every worker has started and loaded its model."""
+        refs = [a.pid.remote() for a in self.actors]
+        try:
+            return self.ray.get(refs, timeout=timeout_s)
+        except self.ray.exceptions.GetTimeoutError:
+            started = len(self.ray.wait(refs, num_returns=len(refs), timeout=0)[0])
+            raise GCacheError(f"Only {started} of {len(refs)} search workers started within {timeout_s:.0f} s. Each "
+                              "asks Ray for one CPU (and its GPUs): add machines to the cluster (ray status shows "
+                              "what it has) or start fewer workers.") from None
 
     def close(self) -> None:
         for a in self.actors:
@@ -105,6 +116,8 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--search-seeds", default="1000-1015")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="cluster_out")
+    ap.add_argument("--start-timeout", type=float, default=600.0,
+                    help="seconds to wait for every worker to start (Ray places it, it loads its model)")
     ap.add_argument("--comfyui", default=None,
                     help="ComfyUI models instead of the reference model: comma-separated server URLs, one worker "
                          "each (each server on its own GPU), with --workflow and --profile")
@@ -116,9 +129,13 @@ def main(argv: Optional[list] = None) -> int:
     from .bilevel import SearchConfig
     from .parallel import run_search_parallel
     ray = _ray()
+    urls = [u.strip() for u in (a.comfyui or "").split(",") if u.strip()]
+    if a.comfyui:
+        a.workers = len(urls)  # one actor per server; a local Ray needs a CPU for each, or actors wait forever
     ray.init(address=a.address, num_cpus=None if a.address else a.workers + 1, include_dashboard=False,
              log_to_driver=False, ignore_reinit_error=True)
     seeds = parse_seeds(a.search_seeds)
+    provenance: dict = {"seeds": seeds}
     if a.comfyui:
         from ..core.profile import Profile
         from .comfyui_worker import ComfyUIWorker
@@ -127,20 +144,29 @@ def main(argv: Optional[list] = None) -> int:
         with open(a.workflow, encoding="utf-8") as f:
             workflow = json.load(f)
         profile = Profile.load(a.profile)
-        a.steps, urls = profile.n_steps, [u.strip() for u in a.comfyui.split(",") if u.strip()]
-        a.workers = len(urls)
+        a.steps = profile.n_steps
+        # the state file belongs to this workflow: another one (model, prompt, size, sampler) is another search
+        provenance["workflow_sha256"] = hashlib.sha256(json.dumps(workflow, sort_keys=True).encode()).hexdigest()[:16]
         ex = RayExecutor.start_each(ComfyUIWorker, [((u, workflow, seeds, a.objective, a.forecast), {}) for u in urls])
     else:
         profile = ReferenceHarness(a.steps).profile(seeds, forecast=bool(a.forecast))
         ex = RayExecutor.start(ReferenceWorker, a.workers, a.steps, seeds, a.objective, a.forecast)
     config = SearchConfig(k=a.k, degree=a.degree, budget=a.budget, seed=a.seed, objective=a.objective,
                           forecast=a.forecast)
+    try:
+        ex.pids(timeout_s=a.start_timeout)
+    except GCacheError as e:
+        ex.close()
+        print(f"GCache cluster search: {e}", file=sys.stderr)
+        return 2
     os.makedirs(a.out, exist_ok=True)
     state = os.path.join(a.out, f"search_state_N{a.steps}_K{a.k}.json")
     t0 = time.time()
     try:
-        res = run_search_parallel(profile, config, ex, q=a.q or a.workers, state_path=state,
-                                  provenance={"seeds": seeds})
+        res = run_search_parallel(profile, config, ex, q=a.q or a.workers, state_path=state, provenance=provenance)
+    except GCacheError as e:  # a state file of another search, a failed evaluation: the message says what to do
+        print(f"GCache cluster search: {e}", file=sys.stderr)
+        return 2
     finally:
         ex.close()
     pol = res.policy

@@ -15,6 +15,7 @@ import copy
 import io
 import json
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
@@ -55,8 +56,15 @@ class ComfyUIWorker:
     def _request(self, path: str, data: Optional[dict] = None) -> bytes:
         req = urllib.request.Request(self.url + path, json.dumps(data).encode() if data is not None else None,
                                      {"Content-Type": "application/json"} if data is not None else {})
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.read()
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.read()
+        except urllib.error.HTTPError as e:  # ComfyUI says what it refused (e.g. validation errors per node)
+            raise GCacheError(f"ComfyUI at {self.url} refused {path.split('?')[0]}: HTTP {e.code} "
+                              f"{e.read().decode(errors='replace')[:1500]}") from None
+        except OSError as e:
+            raise GCacheError(f"ComfyUI at {self.url} is unreachable ({e}). The search state keeps every finished "
+                              "evaluation: start the server again and rerun the same command to resume.") from None
 
     def _images(self, mask: list, seed: int) -> torch.Tensor:
         prompt = copy.deepcopy(self.workflow)

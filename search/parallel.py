@@ -27,7 +27,7 @@ from ..core.files import atomic_write_text
 from ..core.profile import Profile
 from ..core.weights import bernstein_w
 from .bilevel import (SearchConfig, SearchResult, _differences, _method_of, _new_state, _observations, _result,
-                      _state_key, instant_masks, load_state, mask_key, profile_identity)
+                      _state_key, load_state, mask_key, profile_identity, start_masks)
 from .dp import dp_mask
 from .dp_forecast import dp_mask_forecast
 from .gp import GPLCB, kappa_schedule, start_grid
@@ -106,7 +106,7 @@ def run_search_parallel(profile: Profile, config: SearchConfig, executor: Execut
     grid = start_grid(dim, config.s_min, config.s_max)
     gp = GPLCB(dim, config.s_min, config.s_max, config.seed, config.n_candidates, config.n_polish,
                config.warm_maxiter, config.cold_every)
-    starts = instant_masks(profile, config.k, config.forecast) + [(str(a), [int(v) for v in m]) for a, m in extra_masks]
+    starts = start_masks(profile, config, extra_masks)
     n_gp = config.budget - len(starts) - len(grid)
     if n_gp < 1:
         raise GCacheError(f"budget = {config.budget} covers only the {len(starts)} start masks and the {len(grid)}-point "

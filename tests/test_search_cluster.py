@@ -53,3 +53,57 @@ def test_cluster_command_writes_policy_and_state(cluster, tmp_path, capsys):
                  "--search-seeds", "100-101", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "policy_N8_K3.json").exists() and (tmp_path / "search_state_N8_K3.json").exists()
     assert '"evaluations"' in capsys.readouterr().out.strip().splitlines()[-1]
+
+
+def _closed_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again when the block ends: connections are refused
+
+
+def test_comfyui_mode_reports_a_dead_server_and_keeps_its_state_for_that_workflow(cluster, profile, tmp_path, capsys):
+    """A server that is down fails the command with what to do; the state file stays, and belongs to the workflow:
+    a changed workflow is another search and is refused, the same one resumes."""
+    import json
+
+    from gcache.search.cluster import main
+    wf = {"1": {"class_type": "GCacheApply", "inputs": {"policy_json": ""}},
+          "2": {"class_type": "KSampler", "inputs": {"seed": 0, "cfg": 3.0}},
+          "3": {"class_type": "SaveImage", "inputs": {}}}
+    paths = {}
+    for name, cfg in (("a", 3.0), ("b", 4.5)):
+        wf["2"]["inputs"]["cfg"] = cfg
+        paths[name] = tmp_path / f"wf_{name}.json"
+        paths[name].write_text(json.dumps(wf))
+    prof = tmp_path / "p.profile.safetensors"
+    profile.save(str(prof))
+    args = ["--comfyui", f"http://127.0.0.1:{_closed_port()}", "--profile", str(prof), "--k", "3", "--degree", "2",
+            "--budget", "14", "--search-seeds", "100-101", "--out", str(tmp_path / "out")]
+    assert main(args + ["--workflow", str(paths["a"])]) == 2
+    assert "unreachable" in capsys.readouterr().err
+    state = json.loads((tmp_path / "out" / f"search_state_N{N}_K3.json").read_text())
+    assert state["history"] == [] and state["pending"] and "workflow_sha256" in state["provenance"]
+    assert main(args + ["--workflow", str(paths["b"])]) == 2
+    assert "belongs to another search" in capsys.readouterr().err
+    assert main(args + ["--workflow", str(paths["a"])]) == 2  # same workflow: resumed, and the server still down
+    assert "unreachable" in capsys.readouterr().err
+
+
+def test_more_workers_than_the_cluster_can_place_is_reported_not_a_hang(cluster, profile, tmp_path, capsys):
+    """Four ComfyUI servers on a 3-CPU cluster: one actor can't be placed; the command says so and stops."""
+    import json
+
+    from gcache.search.cluster import main
+    wf = tmp_path / "wf.json"
+    wf.write_text(json.dumps({"1": {"class_type": "GCacheApply", "inputs": {}},
+                              "2": {"class_type": "KSampler", "inputs": {"seed": 0}},
+                              "3": {"class_type": "SaveImage", "inputs": {}}}))
+    prof = tmp_path / "p.profile.safetensors"
+    profile.save(str(prof))
+    urls = ",".join(f"http://127.0.0.1:{_closed_port()}" for _ in range(4))
+    assert main(["--comfyui", urls, "--workflow", str(wf), "--profile", str(prof), "--k", "3", "--degree", "2",
+                 "--budget", "14", "--search-seeds", "100-101", "--out", str(tmp_path / "out"),
+                 "--start-timeout", "8"]) == 2
+    assert "of 4 search workers started within 8 s" in capsys.readouterr().err
+    assert not (tmp_path / "out" / f"search_state_N{N}_K3.json").exists()  # nothing was dispatched

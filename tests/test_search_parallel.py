@@ -41,6 +41,21 @@ def test_batch_search_spends_the_budget_once_per_mask(q, tmp_path):
     assert res.policy.n_computed == CFG["k"] and res.policy.metrics["loss"] <= min(h["loss"] for h in res.history)
 
 
+def test_one_in_flight_is_the_sequential_search():
+    """q = 1 proposes, measures and chooses exactly what bilevel.run_search does (the benchmark's baseline)."""
+    prof = make_profile()
+    seq = run_search(prof, SearchConfig(**CFG), Evaluator(prof))
+    ex = ThreadExecutor(Counting(prof), workers=1)
+    try:
+        par = run_search_parallel(prof, SearchConfig(**CFG), ex, q=1)
+    finally:
+        ex.close()
+    strip = ("seconds", "gp_seconds")
+    assert [{k: v for k, v in h.items() if k not in strip} for h in par.history] == \
+        [{k: v for k, v in h.items() if k not in strip} for h in seq.history]
+    assert par.policy.mask == seq.policy.mask and par.state["final"]["mask"] == seq.state["final"]["mask"]
+
+
 def test_batch_search_is_as_good_as_the_sequential_one():
     prof = make_profile()
     seq = run_search(prof, SearchConfig(**dict(CFG, budget=24)), Evaluator(prof))
