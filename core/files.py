@@ -1,7 +1,9 @@
 """Safe file handling shared by every artifact: sanitized names and atomic writes."""
+import contextlib
 import os
 import re
 import tempfile
+import time
 
 from .errors import GCacheError
 
@@ -61,3 +63,38 @@ def _file_mode(path: str) -> int:
 
 def atomic_write_text(path: str, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+@contextlib.contextmanager
+def exclusive(path: str, timeout_s: float = 120.0):
+    """Hold an advisory lock on `path` (its lock file `.<name>.lock` beside it) for a read-modify-write: two
+    ComfyUI processes sharing a models folder would otherwise both read the old file and the later write would
+    drop the other's change. The lock is the OS's (flock / msvcrt), so it is released when a process dies."""
+    folder, base = os.path.split(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd = os.open(os.path.join(folder, f".{base}.lock"), os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        if os.name == "nt":
+            import msvcrt
+            lock = lambda: msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)  # noqa: E731
+            unlock = lambda: msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)  # noqa: E731
+        else:
+            import fcntl
+            lock = lambda: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # noqa: E731
+            unlock = lambda: fcntl.flock(fd, fcntl.LOCK_UN)  # noqa: E731
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                lock()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise GCacheError(f"{base} stayed locked by another process for {timeout_s:.0f} s; it was not "
+                                      "changed. Run again when the other GCache run has finished.") from None
+                time.sleep(0.05)
+        try:
+            yield
+        finally:
+            unlock()
+    finally:
+        os.close(fd)

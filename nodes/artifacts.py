@@ -11,7 +11,7 @@ import os
 from typing import Optional
 
 from ..core.errors import GCacheError
-from ..core.files import safe_name
+from ..core.files import exclusive, safe_name
 from ..core.policy import Policy
 from ..core.profile import Profile
 
@@ -54,10 +54,12 @@ def load_profile_opt(path: str) -> Optional[Profile]:
 
 
 def merge_into_file(path: str, run: Profile) -> Profile:
-    """Add one run's profile to the file at `path` (created if missing); written atomically."""
-    old = load_profile_opt(path)
-    total = old.merge(run) if old is not None else run
-    total.save(path)
+    """Add one run's profile to the file at `path` (created if missing); written atomically, under a lock so that
+    two processes adding runs at once both land."""
+    with exclusive(path):
+        old = load_profile_opt(path)
+        total = old.merge(run) if old is not None else run
+        total.save(path)
     return total
 
 

@@ -68,3 +68,38 @@ def test_duplicate_run_keys_merge_as_a_set(tmp_path):
     files.merge_into_file(path, a)
     assert Profile.load(path).sample_keys == ["k1"]
     assert files.merge_into_file(path, b).sample_keys == ["k1", "k2"]
+
+
+def _add_runs(path, n, value, start):
+    start.wait(60)  # both processes begin together, so their read-merge-writes overlap
+    for _ in range(n):
+        files.merge_into_file(path, _run_profile(value))
+
+
+def test_two_processes_adding_runs_at_once_lose_none(tmp_path):
+    """Two ComfyUI processes sharing models/gcache: every run lands (without the lock, read-merge-write races)."""
+    import multiprocessing as mp
+    path = str(tmp_path / "shared.profile.safetensors")
+    ctx = mp.get_context("spawn")
+    start = ctx.Barrier(2)
+    procs = [ctx.Process(target=_add_runs, args=(path, 12, v, start)) for v in (1.0, 3.0)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    total = Profile.load(path)
+    assert total.count == 24 and total.meta["runs"] == 24
+    assert np.allclose(total.E[0, 1], 2.0)  # the mean of 12 runs at 1.0 and 12 at 3.0
+    assert files.list_profiles(os.listdir(tmp_path)) == ["shared"]  # the lock file is not a profile
+
+
+def test_a_profile_locked_too_long_is_left_unchanged(tmp_path):
+    from gcache.core.files import exclusive
+    path = str(tmp_path / "p.profile.safetensors")
+    files.merge_into_file(path, _run_profile(1.0))
+    with exclusive(path):  # held here; on POSIX a second open file description can't take it either
+        with pytest.raises(GCacheError, match="locked by another process"):
+            with exclusive(path, timeout_s=0.2):
+                pass
+    assert Profile.load(path).count == 1
