@@ -5,7 +5,7 @@ that loads its model once and evaluates masks on the search seeds; Ray places th
 restarts one whose process died and retries the evaluation it was running (max_restarts / max_task_retries):
 no queue of our own. The reference model runs headless:
 
-    python -m gcache.search.cluster --workers 2 --steps 30 --k 10 --budget 48 --objective ssim --out cluster_out
+    python -m gcache.search.cluster --workers 2 --steps 30 --k 10 --budget 64 --objective ssim --out cluster_out
     python -m gcache.search.cluster --address auto ...     # an existing cluster (`ray start --head` / `--address`)
     python -m gcache.search.cluster --comfyui http://gpu1:8188,http://gpu2:8188 --workflow wf_api.json \
         --profile models/gcache/flux.profile.safetensors --k 10 --budget 64   # ComfyUI servers, one per GPU
@@ -109,7 +109,7 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--address", default=None, help="an existing Ray cluster ('auto' or host:port); default: local")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--k", type=int, default=10)
-    ap.add_argument("--budget", type=int, default=48)
+    ap.add_argument("--budget", type=int, default=64)  # SearchConfig's default
     ap.add_argument("--degree", type=int, default=3)
     ap.add_argument("--objective", default="ssim")
     ap.add_argument("--forecast", type=int, default=0)

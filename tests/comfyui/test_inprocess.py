@@ -6,6 +6,8 @@ per-family checks of every family (the residual contract, K block runs, Profile'
 test_family_matrix.py.
 """
 
+import os
+
 import pytest
 
 from conftest import COMFY, REASON
@@ -232,7 +234,6 @@ def test_profile_file_damaged_during_sampling_keeps_the_image_and_the_run(built,
 
 
 def test_load_profile_sees_changes_in_every_gcache_folder(built, gcache_dir, tmp_path_factory):
-    import os
     from gcache.nodes.profile_node import GCacheLoadProfile
     second = tmp_path_factory.mktemp("second_gcache")
     folder_paths.folder_names_and_paths["gcache"] = ([str(gcache_dir), str(second)], {".json", ".safetensors"})
@@ -295,15 +296,19 @@ def _cpu_time_of(fn, repeats=3):
     return statistics.median(ts)
 
 
+def visible(folder) -> list:
+    """The files a user sees in the folder (not the hidden lock files beside profiles)."""
+    return sorted(f for f in os.listdir(folder) if not f.startswith("."))
+
+
 def test_apply_auto_profiles_once_then_applies_the_instant_policy(built, gcache_dir, caplog):
-    import os
     from gcache.search.instant import instant_policy
     m, pos, neg, lat = built["flux"]
     model = GCacheApply.execute(m, "(auto)", "model device", "remap", 2.0).result[0]
     with caplog.at_level("INFO", logger="gcache"), BlockCounter(m, "flux") as first:
         ksample(model, pos, neg, lat, cfg=3.0)
     assert len(first.batches) == N  # the first run computes every step (and profiles it)
-    names = sorted(os.listdir(gcache_dir))
+    names = visible(gcache_dir)  # (plus the profile's hidden lock file)
     assert len(names) == 2 and all(n.startswith("auto_Flux-") and "_6steps_simple" in n for n in names), names
     pol_name = next(n for n in names if n.endswith("_6steps_simple_2x.json"))
     prof_name = next(n for n in names if n.endswith("_6steps_simple.profile.safetensors"))
@@ -325,7 +330,7 @@ def test_apply_auto_profiles_once_then_applies_the_instant_policy(built, gcache_
     t_plain = _cpu_time_of(lambda: ksample(big, bpos, bneg, blat, cfg=3.0))
     print(f"auto {t_auto:.3f} s vs plain {t_plain:.3f} s per 6-step run: {t_plain / t_auto:.2f}x")
     assert t_auto < 0.8 * t_plain
-    for f in os.listdir(gcache_dir):
+    for f in visible(gcache_dir):
         if f not in names:
             os.remove(gcache_dir / f)  # the big model's own auto files
     # another batch size keeps the policy; another step count remaps it; neither profiles again
@@ -336,7 +341,7 @@ def test_apply_auto_profiles_once_then_applies_the_instant_policy(built, gcache_
     with caplog.at_level("INFO", logger="gcache"), BlockCounter(m, "flux") as c:
         ksample(model, pos, neg, lat, steps=12)
     assert "remapping " + pol_name in caplog.text and len(c.batches) == pol.n_computed * 2  # K scales with N
-    assert sorted(os.listdir(gcache_dir)) == names
+    assert visible(gcache_dir) == names
     # another speed-up reuses the profile: its policy is built at once, with no full-compute run
     caplog.clear()
     with caplog.at_level("INFO", logger="gcache"), BlockCounter(m, "flux") as c:
