@@ -72,22 +72,31 @@ def exclusive(path: str, timeout_s: float = 120.0):
     drop the other's change. The lock is the OS's (flock / msvcrt), so it is released when a process dies."""
     folder, base = os.path.split(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd = os.open(os.path.join(folder, f".{base}.lock"), os.O_RDWR | os.O_CREAT, 0o666)
+    lock_path = os.path.join(folder, f".{base}.lock")
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+    except PermissionError:  # another user's lock file: a read-only descriptor can hold the lock as well
+        fd = os.open(lock_path, os.O_RDONLY)
     try:
         if os.name == "nt":
+            import errno
             import msvcrt
             lock = lambda: msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)  # noqa: E731
             unlock = lambda: msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)  # noqa: E731
+            busy = lambda e: e.errno in (errno.EACCES, errno.EDEADLOCK)  # noqa: E731
         else:
             import fcntl
             lock = lambda: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # noqa: E731
             unlock = lambda: fcntl.flock(fd, fcntl.LOCK_UN)  # noqa: E731
+            busy = lambda e: isinstance(e, BlockingIOError)  # noqa: E731
         deadline = time.monotonic() + timeout_s
         while True:
             try:
                 lock()
                 break
-            except OSError:
+            except OSError as e:
+                if not busy(e):  # a folder without locks (some network mounts): say so rather than wait
+                    raise GCacheError(f"Can't lock {base} in {folder} ({e}); it was not changed.") from None
                 if time.monotonic() > deadline:
                     raise GCacheError(f"{base} stayed locked by another process for {timeout_s:.0f} s; it was not "
                                       "changed. Run again when the other GCache run has finished.") from None

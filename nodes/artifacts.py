@@ -53,10 +53,10 @@ def load_profile_opt(path: str) -> Optional[Profile]:
     return Profile.load(path) if os.path.isfile(path) else None
 
 
-def merge_into_file(path: str, run: Profile) -> Profile:
+def merge_into_file(path: str, run: Profile, lock_timeout_s: float = 120.0) -> Profile:
     """Add one run's profile to the file at `path` (created if missing); written atomically, under a lock so that
     two processes adding runs at once both land."""
-    with exclusive(path):
+    with exclusive(path, lock_timeout_s):
         old = load_profile_opt(path)
         total = old.merge(run) if old is not None else run
         total.save(path)

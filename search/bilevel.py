@@ -218,8 +218,11 @@ def _differences(state: dict, config: SearchConfig, prof_id: dict, provenance: d
         diffs.append(f"profile steps N: file {old_prof.get('n_steps')}, now {prof_id['n_steps']}")
     elif old_prof.get("sha256") != prof_id["sha256"]:
         diffs.append(f"profile: file {old_prof.get('sha256')}, now {prof_id['sha256']} (another profile of the same N)")
-    if (state.get("provenance") or {}) != provenance:
-        diffs.append("provenance (seeds/model) differs")
+    old_prov = state.get("provenance") or {}
+    if old_prov != provenance:
+        keys = sorted(k for k in set(old_prov) | set(provenance) if old_prov.get(k) != provenance.get(k))
+        diffs.append("provenance differs in " + ", ".join(keys)
+                     + (" (another ComfyUI workflow)" if "workflow_sha256" in keys else ""))
     return "; ".join(diffs) or "its fingerprint differs"
 
 

@@ -13,7 +13,6 @@ no queue of our own. The reference model runs headless:
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -21,6 +20,7 @@ import time
 from typing import Any, Optional, Sequence
 
 from ..core.errors import GCacheError
+from .objectives import OBJECTIVES
 
 RESTARTS = 3  # a worker process that dies is restarted this often, and its evaluation retried
 
@@ -91,6 +91,8 @@ class RayExecutor:
         refs = [a.pid.remote() for a in self.actors]
         try:
             return self.ray.get(refs, timeout=timeout_s)
+        except self.ray.exceptions.RayActorError as e:  # its constructor raised: the last line says why
+            raise GCacheError(f"A search worker could not start: {_last_line(e)}") from None
         except self.ray.exceptions.GetTimeoutError:
             started = len(self.ray.wait(refs, num_returns=len(refs), timeout=0)[0])
             raise GCacheError(f"Only {started} of {len(refs)} search workers started within {timeout_s:.0f} s. Each "
@@ -102,6 +104,16 @@ class RayExecutor:
             self.ray.kill(a)
 
 
+def _last_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return lines[-1] if lines else type(e).__name__
+
+
+def message(e: BaseException) -> str:
+    """What a user should read of an error: a worker's own exception, not Ray's wrapper with its remote traceback."""
+    return str(getattr(e, "cause", None) or e)
+
+
 def main(argv: Optional[list] = None) -> int:
     ap = argparse.ArgumentParser(description="GCache search on a Ray cluster (reference model).")
     ap.add_argument("--workers", type=int, default=2, help="Ray actors, one model each (one CPU each)")
@@ -111,8 +123,8 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--budget", type=int, default=64)  # SearchConfig's default
     ap.add_argument("--degree", type=int, default=3)
-    ap.add_argument("--objective", default="ssim")
-    ap.add_argument("--forecast", type=int, default=0)
+    ap.add_argument("--objective", default="ssim", choices=OBJECTIVES)
+    ap.add_argument("--forecast", type=int, default=0, choices=(0, 1, 2))
     ap.add_argument("--search-seeds", default="1000-1015")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="cluster_out")
@@ -124,49 +136,57 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--workflow", default=None, help="the workflow in ComfyUI's API format, with a GCache Apply node")
     ap.add_argument("--profile", default=None, help="the model's profile (GCache Profile's .profile.safetensors)")
     a = ap.parse_args(argv)
+    if a.comfyui and not (a.workflow and a.profile):
+        ap.error("--comfyui needs --workflow (API format) and --profile")
+    try:
+        return _run(a)
+    except GCacheError as e:  # bad input, a state file of another search, a failed evaluation: it says what to do
+        print(f"GCache cluster search: {message(e)}", file=sys.stderr)
+        return 2
+
+
+def _run(a) -> int:
+    from ..core.profile import Profile
     from ..reference_model.harness import ReferenceHarness
     from ..reference_model.search import parse_seeds
     from .bilevel import SearchConfig
+    from .comfyui_worker import ComfyUIWorker
     from .parallel import run_search_parallel
-    ray = _ray()
-    urls = [u.strip() for u in (a.comfyui or "").split(",") if u.strip()]
-    if a.comfyui:
-        a.workers = len(urls)  # one actor per server; a local Ray needs a CPU for each, or actors wait forever
-    ray.init(address=a.address, num_cpus=None if a.address else a.workers + 1, include_dashboard=False,
-             log_to_driver=False, ignore_reinit_error=True)
     seeds = parse_seeds(a.search_seeds)
     provenance: dict = {"seeds": seeds}
-    if a.comfyui:
-        from ..core.profile import Profile
-        from .comfyui_worker import ComfyUIWorker
-        if not (a.workflow and a.profile):
-            ap.error("--comfyui needs --workflow (API format) and --profile")
-        with open(a.workflow, encoding="utf-8") as f:
-            workflow = json.load(f)
-        profile = Profile.load(a.profile)
-        a.steps = profile.n_steps
+    urls = [u.strip() for u in (a.comfyui or "").split(",") if u.strip()]
+    if a.comfyui:  # everything checkable is checked before Ray starts anything
+        try:
+            with open(a.workflow, encoding="utf-8") as f:
+                workflow = json.load(f)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise GCacheError(f"Can't read the workflow {a.workflow} ({e}): export it from ComfyUI with 'Save (API)'.") \
+                from None
         # the state file belongs to this workflow: another one (model, prompt, size, sampler) is another search
-        provenance["workflow_sha256"] = hashlib.sha256(json.dumps(workflow, sort_keys=True).encode()).hexdigest()[:16]
+        provenance["workflow_sha256"] = ComfyUIWorker.workflow_identity(workflow)
+        try:
+            profile = Profile.load(a.profile)
+        except OSError as e:
+            raise GCacheError(f"Can't read the profile {a.profile} ({e}).") from None
+        a.steps, a.workers = profile.n_steps, len(urls)  # one actor per server
+    config = SearchConfig(k=a.k, degree=a.degree, budget=a.budget, seed=a.seed, objective=a.objective,
+                          forecast=a.forecast)
+    config.validate(a.steps)
+    ray = _ray()
+    # a local Ray gets a CPU per worker (+ one): an actor without one would never be placed
+    ray.init(address=a.address, num_cpus=None if a.address else a.workers + 1, include_dashboard=False,
+             log_to_driver=False, ignore_reinit_error=True)
+    if a.comfyui:
         ex = RayExecutor.start_each(ComfyUIWorker, [((u, workflow, seeds, a.objective, a.forecast), {}) for u in urls])
     else:
         profile = ReferenceHarness(a.steps).profile(seeds, forecast=bool(a.forecast))
         ex = RayExecutor.start(ReferenceWorker, a.workers, a.steps, seeds, a.objective, a.forecast)
-    config = SearchConfig(k=a.k, degree=a.degree, budget=a.budget, seed=a.seed, objective=a.objective,
-                          forecast=a.forecast)
     try:
         ex.pids(timeout_s=a.start_timeout)
-    except GCacheError as e:
-        ex.close()
-        print(f"GCache cluster search: {e}", file=sys.stderr)
-        return 2
-    os.makedirs(a.out, exist_ok=True)
-    state = os.path.join(a.out, f"search_state_N{a.steps}_K{a.k}.json")
-    t0 = time.time()
-    try:
+        os.makedirs(a.out, exist_ok=True)
+        state = os.path.join(a.out, f"search_state_N{a.steps}_K{a.k}.json")
+        t0 = time.time()
         res = run_search_parallel(profile, config, ex, q=a.q or a.workers, state_path=state, provenance=provenance)
-    except GCacheError as e:  # a state file of another search, a failed evaluation: the message says what to do
-        print(f"GCache cluster search: {e}", file=sys.stderr)
-        return 2
     finally:
         ex.close()
     pol = res.policy

@@ -12,6 +12,7 @@ thread-per-server executor without Ray.
 from __future__ import annotations
 
 import copy
+import hashlib
 import io
 import json
 import time
@@ -44,13 +45,35 @@ class ComfyUIWorker:
         from .objectives import make_objective
         self.url, self.workflow = url.rstrip("/"), copy.deepcopy(workflow)
         self.seeds, self.forecast, self.timeout_s = [int(s) for s in seeds], forecast, timeout_s
-        self.apply = _node_of(self.workflow, ("GCacheApply",), "GCache Apply node")
-        self.sampler = _node_of(self.workflow, SAMPLERS, "sampler with a seed")
-        self.output = _node_of(self.workflow, IMAGE_OUTPUTS, "image output")
+        self.apply, self.sampler, self.output = self.nodes_of(self.workflow)
         self.seed_key = "noise_seed" if "noise_seed" in self.workflow[self.sampler]["inputs"] else "seed"
         self.objective = make_objective(objective)
         self.client = uuid.uuid4().hex
         self._refs: Optional[list] = None
+
+    @staticmethod
+    def nodes_of(workflow) -> tuple[str, str, str]:
+        """(GCache Apply, sampler, image output) node ids of an API-format workflow; a GCacheError says what is
+        missing. Cheap and offline, so the coordinator checks a workflow before it starts any worker."""
+        if not isinstance(workflow, dict) or not workflow or not all(
+                isinstance(n, dict) and isinstance(n.get("class_type"), str) and isinstance(n.get("inputs", {}), dict)
+                for n in workflow.values()):
+            raise GCacheError("The workflow is not in ComfyUI's API format (node id → class_type, inputs): in ComfyUI "
+                              "export it with Workflow → Export (API) / 'Save (API)'.")
+        return (_node_of(workflow, ("GCacheApply",), "GCache Apply node"),
+                _node_of(workflow, SAMPLERS, "sampler with a seed"),
+                _node_of(workflow, IMAGE_OUTPUTS, "image output"))
+
+    @classmethod
+    def workflow_identity(cls, workflow: dict) -> str:
+        """A hash of what decides the losses: the workflow without what each evaluation sets (the sampler's seed,
+        GCache Apply's policy) and without the output's file name."""
+        apply, sampler, output = cls.nodes_of(workflow)
+        wf = copy.deepcopy(workflow)
+        for nid, keys in ((apply, ("policy_json",)), (sampler, ("seed", "noise_seed")), (output, ("filename_prefix",))):
+            for k in keys:
+                wf[nid].get("inputs", {}).pop(k, None)
+        return hashlib.sha256(json.dumps(wf, sort_keys=True).encode()).hexdigest()[:16]
 
     # ---------------------------------------------------------------- HTTP
     def _request(self, path: str, data: Optional[dict] = None) -> bytes:

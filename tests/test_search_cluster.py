@@ -85,9 +85,12 @@ def test_comfyui_mode_reports_a_dead_server_and_keeps_its_state_for_that_workflo
     state = json.loads((tmp_path / "out" / f"search_state_N{N}_K3.json").read_text())
     assert state["history"] == [] and state["pending"] and "workflow_sha256" in state["provenance"]
     assert main(args + ["--workflow", str(paths["b"])]) == 2
-    assert "belongs to another search" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "belongs to another search" in err and "another ComfyUI workflow" in err
     assert main(args + ["--workflow", str(paths["a"])]) == 2  # same workflow: resumed, and the server still down
-    assert "unreachable" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "GCache cluster search: ComfyUI at http://127.0.0.1:" in err and "unreachable" in err
+    assert "ray::" not in err  # the worker's own message, not Ray's wrapper with the remote traceback
 
 
 def test_more_workers_than_the_cluster_can_place_is_reported_not_a_hang(cluster, profile, tmp_path, capsys):
@@ -107,3 +110,31 @@ def test_more_workers_than_the_cluster_can_place_is_reported_not_a_hang(cluster,
                  "--start-timeout", "8"]) == 2
     assert "of 4 search workers started within 8 s" in capsys.readouterr().err
     assert not (tmp_path / "out" / f"search_state_N{N}_K3.json").exists()  # nothing was dispatched
+
+
+@pytest.mark.parametrize("content, says", [
+    ('{"nodes": [], "links": []}', "API format"),                  # saved with the UI's "Save", not "Save (API)"
+    ('{"1": {"class_type": "KSampler", "inputs": {"seed": 0}}}', "GCache Apply"),
+    ("{not json", "Can't read the workflow"),
+])
+def test_a_bad_workflow_stops_before_any_worker_starts(profile, tmp_path, capsys, content, says):
+    from gcache.search.cluster import main
+    wf = tmp_path / "wf.json"
+    wf.write_text(content)
+    prof = tmp_path / "p.profile.safetensors"
+    profile.save(str(prof))
+    assert main(["--comfyui", "http://127.0.0.1:9", "--workflow", str(wf), "--profile", str(prof), "--k", "3",
+                 "--degree", "2", "--budget", "14", "--out", str(tmp_path / "out")]) == 2
+    assert says in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_worker_that_cannot_start_says_why(cluster):
+    """A constructor error inside an actor (here an unknown objective) becomes a GCacheError with its message."""
+    from gcache.core.errors import GCacheError
+    ex = RayExecutor.start(ReferenceWorker, 1, N, SEEDS, "no-such-objective")
+    try:
+        with pytest.raises(GCacheError, match="could not start: .*Unknown objective 'no-such-objective'"):
+            ex.pids(timeout_s=120)
+    finally:
+        ex.close()
