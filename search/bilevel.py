@@ -232,6 +232,38 @@ def _new_state(config: SearchConfig, fp: str, prof_id: dict, provenance: dict) -
             "final": None, "done": False}
 
 
+def open_state(state_path: Optional[str], config: SearchConfig, profile: Profile, provenance: dict) -> dict:
+    """The search's state: the one in `state_path` when it belongs to this search (a larger budget continues it),
+    else a new one. A state file of another search is refused and left untouched."""
+    prof_id = profile_identity(profile)
+    fp = _state_key(config, prof_id, provenance)
+    if not (state_path and os.path.exists(state_path)):
+        return _new_state(config, fp, prof_id, provenance)
+    state = load_state(state_path)
+    if state["fingerprint"] != fp:
+        raise GCacheError(
+            f"{os.path.basename(state_path)} belongs to another search ({_differences(state, config, prof_id, provenance)}). "
+            "It was left untouched: use another state file name, or delete it to start over.")
+    state["config"]["budget"] = config.budget
+    if len(state["history"]) < config.budget:
+        state["done"], state["final"] = False, None  # a larger budget continues the search
+    return state
+
+
+def search_plan(profile: Profile, config: SearchConfig, extra_masks: Sequence[tuple[str, Sequence[int]]] = ()
+                ) -> tuple[list, np.ndarray, GPLCB]:
+    """What a search evaluates before the GP proposes (start masks, start grid) and its GP; the budget must leave
+    at least one GP proposal."""
+    grid = start_grid(config.degree + 1, config.s_min, config.s_max)
+    gp = GPLCB(config.degree + 1, config.s_min, config.s_max, config.seed, config.n_candidates, config.n_polish,
+               config.warm_maxiter, config.cold_every)
+    starts = start_masks(profile, config, extra_masks)
+    if config.budget < len(starts) + len(grid) + 1:
+        raise GCacheError(f"budget = {config.budget} covers only the {len(starts)} start masks and the {len(grid)}-point "
+                          f"start grid: the minimum useful budget is {len(starts) + len(grid) + 1}.")
+    return starts, grid, gp
+
+
 # ---------------------------------------------------------------------------------------------- search
 def run_search(profile: Profile, config: SearchConfig, evaluate: Callable[[list], float],
                state_path: Optional[str] = None, progress: Optional[Callable[[dict], None]] = None,
@@ -248,33 +280,13 @@ def run_search(profile: Profile, config: SearchConfig, evaluate: Callable[[list]
     if E.shape != (n, n) or times.shape != (n,):
         raise GCacheError(f"The profile is inconsistent: E is {E.shape} and has {times.size} times for {n} steps.")
     provenance = json.loads(json.dumps(dict(provenance or {}), default=str))
-    prof_id = profile_identity(profile)
-    fp = _state_key(config, prof_id, provenance)
-
-    if state_path and os.path.exists(state_path):
-        state = load_state(state_path)
-        if state["fingerprint"] != fp:
-            raise GCacheError(
-                f"{os.path.basename(state_path)} belongs to another search ({_differences(state, config, prof_id, provenance)}). "
-                "It was left untouched: use another state file name, or delete it to start over.")
-        state["config"]["budget"] = config.budget
-        if len(state["history"]) < config.budget:
-            state["done"], state["final"] = False, None  # a larger budget continues the search
-    else:
-        state = _new_state(config, fp, prof_id, provenance)
+    state = open_state(state_path, config, profile, provenance)
 
     def save():
         if state_path:
             atomic_write_text(state_path, json.dumps(state, indent=1, allow_nan=False))
 
-    dim = config.degree + 1
-    grid = start_grid(dim, config.s_min, config.s_max)
-    gp = GPLCB(dim, config.s_min, config.s_max, config.seed, config.n_candidates, config.n_polish,
-               config.warm_maxiter, config.cold_every)
-    instant = start_masks(profile, config, extra_masks)
-    if config.budget < len(instant) + len(grid) + 1:
-        raise GCacheError(f"budget = {config.budget} covers only the {len(instant)} start masks and the {len(grid)}-point "
-                          f"start grid: the minimum useful budget is {len(instant) + len(grid) + 1}.")
+    instant, grid, gp = search_plan(profile, config, extra_masks)
     n_gp_iters = config.budget - len(instant) - len(grid)
     t_start = time.perf_counter()
     log.info("GCache Search: N = %d, K = %d, budget %d (%d instant masks, %d start grid, %d GP), %s seeds, "

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from typing import Any, Callable, Optional, Protocol, Sequence
 
@@ -26,11 +25,11 @@ from ..core.errors import GCacheError
 from ..core.files import atomic_write_text
 from ..core.profile import Profile
 from ..core.weights import bernstein_w
-from .bilevel import (SearchConfig, SearchResult, _differences, _method_of, _new_state, _observations, _result,
-                      _state_key, load_state, mask_key, profile_identity, start_masks)
+from .bilevel import (SearchConfig, SearchResult, _method_of, _observations, _result, mask_key, open_state,
+                      search_plan)
 from .dp import dp_mask
 from .dp_forecast import dp_mask_forecast
-from .gp import GPLCB, kappa_schedule, start_grid
+from .gp import GPLCB, kappa_schedule
 
 log = logging.getLogger("gcache")
 
@@ -83,18 +82,7 @@ def run_search_parallel(profile: Profile, config: SearchConfig, executor: Execut
     E, times = profile.E, np.asarray(profile.times, dtype=np.float64)
     E1 = profile.E1 if config.forecast else None
     provenance = json.loads(json.dumps(dict(provenance or {}), default=str))
-    prof_id = profile_identity(profile)
-    fp = _state_key(config, prof_id, provenance)
-    if state_path and os.path.exists(state_path):
-        state = load_state(state_path)
-        if state["fingerprint"] != fp:
-            raise GCacheError(f"{os.path.basename(state_path)} belongs to another search "
-                              f"({_differences(state, config, prof_id, provenance)}). It was left untouched.")
-        state["config"]["budget"] = config.budget
-        if len(state["history"]) < config.budget:
-            state["done"], state["final"] = False, None
-    else:
-        state = _new_state(config, fp, prof_id, provenance)
+    state = open_state(state_path, config, profile, provenance)
     pending: list[dict] = list(state.get("pending") or [])  # dispatched before a crash: dispatched again
 
     def save():
@@ -103,14 +91,8 @@ def run_search_parallel(profile: Profile, config: SearchConfig, executor: Execut
             atomic_write_text(state_path, json.dumps(state, indent=1, allow_nan=False))
 
     dim = config.degree + 1
-    grid = start_grid(dim, config.s_min, config.s_max)
-    gp = GPLCB(dim, config.s_min, config.s_max, config.seed, config.n_candidates, config.n_polish,
-               config.warm_maxiter, config.cold_every)
-    starts = start_masks(profile, config, extra_masks)
+    starts, grid, gp = search_plan(profile, config, extra_masks)
     n_gp = config.budget - len(starts) - len(grid)
-    if n_gp < 1:
-        raise GCacheError(f"budget = {config.budget} covers only the {len(starts)} start masks and the {len(grid)}-point "
-                          f"start grid: the minimum useful budget is {len(starts) + len(grid) + 1}.")
 
     def mask_for(s) -> tuple[list, float]:
         w = bernstein_w(times, s)
