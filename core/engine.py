@@ -38,6 +38,40 @@ class CacheStats:
     bytes_held: int = 0
     peak_bytes: int = 0
     step_seconds: dict = field(default_factory=dict)  # step -> wall seconds (filled at close)
+    decided: dict = field(default_factory=dict)       # step -> whether it computed the stack
+
+    @classmethod
+    def merged(cls, parts: Sequence["CacheStats"]) -> "CacheStats":
+        """One run's statistics from the caches of its threads (ComfyUI's MultiGPU CFG split: one per device).
+        A step computed anywhere counts as computed; the devices ran side by side, so a step took its longest."""
+        parts = list(parts)
+        if len(parts) == 1:
+            return parts[0]
+        out = cls()
+        for p in parts:
+            for step, computed in p.decided.items():
+                out.decided[step] = out.decided.get(step, False) or computed
+            for k, v in p.block_runs.items():
+                out.block_runs[k] = out.block_runs.get(k, 0) + v
+            for step, t in p.step_seconds.items():
+                out.step_seconds[step] = max(out.step_seconds.get(step, 0.0), t)
+            out.stack_calls += p.stack_calls
+            out.resets += p.resets
+            out.peak_bytes += p.peak_bytes
+        out.computed_steps = sum(out.decided.values())
+        out.skipped_steps = len(out.decided) - out.computed_steps
+        return out
+
+    def summary(self, mask: Optional[Sequence[int]], io_share: Optional[float] = None) -> str:
+        n = self.computed_steps + self.skipped_steps
+        parts = [f"computed {self.computed_steps}/{n} steps, skipped {self.skipped_steps}"]
+        if io_share is not None and n:
+            parts.append(f"predicted speed-up {predicted_speedup(n, self.computed_steps, io_share):.2f}x")
+        ms = self.measured_speedup(mask)
+        if ms is not None:
+            parts.append(f"measured {ms:.2f}x")
+        parts.append(f"cache peak {format_bytes(self.peak_bytes)}")
+        return "GCache: " + ", ".join(parts)
 
     def measured_speedup(self, mask: Optional[Sequence[int]]) -> Optional[float]:
         """N · (mean time of a computed step) / (total time), from this run's own step timings."""
@@ -105,7 +139,6 @@ class ResidualCache:
         self._deltas: dict[Hashable, list[tuple[Optional[int], torch.Tensor]]] = {}  # key -> kept (step, δ), latest last
         self._meta: dict[Hashable, tuple] = {}
         self._pending: Optional[tuple] = None
-        self._step_decided: dict[int, bool] = {}
         self._clock: Optional[_StepClock] = None
         self._last_clock_step: Optional[int] = None
         self.closed = False
@@ -163,8 +196,8 @@ class ResidualCache:
                 break
         if not compute and any(k not in self._deltas for k in keys):
             compute, forced = True, True  # a branch we have no residual for (new cond, reset): compute it
-        if step is not None and step not in self._step_decided:
-            self._step_decided[step] = compute
+        if step is not None and step not in self.stats.decided:
+            self.stats.decided[step] = compute
             if compute:
                 self.stats.computed_steps += 1
             else:
@@ -303,16 +336,7 @@ class ResidualCache:
         return sum(len(v) for v in self._deltas.values()) + (0 if self._pending is None else 1)
 
     def summary(self, io_share: Optional[float] = None) -> str:
-        s = self.stats
-        n = s.computed_steps + s.skipped_steps
-        parts = [f"computed {s.computed_steps}/{n} steps, skipped {s.skipped_steps}"]
-        if io_share is not None and n:
-            parts.append(f"predicted speed-up {predicted_speedup(n, s.computed_steps, io_share):.2f}x")
-        ms = s.measured_speedup(self.mask)
-        if ms is not None:
-            parts.append(f"measured {ms:.2f}x")
-        parts.append(f"cache peak {format_bytes(s.peak_bytes)}")
-        return "GCache: " + ", ".join(parts)
+        return self.stats.summary(self.mask, io_share)
 
 
 def _needed_steps(mask: Sequence[int], order: int) -> set[int]:

@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Hashable, Optional, Sequence
 
@@ -324,23 +325,25 @@ class ProfileRecorder:
         self.max_elems = max_elems
         self.branches: dict[Hashable, _BranchHistory] = {}
         self.peak_bytes = 0
+        self._lock = threading.Lock()
 
     def record(self, step: int, branch: Hashable, h: torch.Tensor, delta: torch.Tensor) -> None:
         if not 0 <= step < self.n_steps:
             raise GCacheError(f"Profile got step {step} but was set up for {self.n_steps} steps.")
         b = self.branches.get(branch)
-        if b is None:
-            b = self.branches[branch] = _BranchHistory(self.n_steps, delta, self.history_device, self.chunk_elems, self.max_elems,
-                                                       self.times if self.forecast else None)
-        elif tuple(delta.shape) != b.shape:
-            log.warning("GCache Profile: the residual shape of branch %r changed from %s to %s mid-run; "
-                        "restarting this branch's history.", branch, b.shape, tuple(delta.shape))
-            b = self.branches[branch] = _BranchHistory(self.n_steps, delta, self.history_device, self.chunk_elems, self.max_elems,
-                                                       self.times if self.forecast else None)
+        if b is None or tuple(delta.shape) != b.shape:
+            if b is not None:
+                log.warning("GCache Profile: the residual shape of branch %r changed from %s to %s mid-run; "
+                            "restarting this branch's history.", branch, b.shape, tuple(delta.shape))
+            b = _BranchHistory(self.n_steps, delta, self.history_device, self.chunk_elems, self.max_elems,
+                               self.times if self.forecast else None)
+            with self._lock:  # ComfyUI's MultiGPU CFG split records the branches from one thread per device
+                self.branches[branch] = b
         if b.recorded[step]:
             return  # extra evaluations of a multi-evaluation sampler step: the first one represents the step
         b.add(step, h.detach(), delta.detach())
-        self.peak_bytes = max(self.peak_bytes, sum(x.nbytes() for x in self.branches.values()))
+        with self._lock:
+            self.peak_bytes = max(self.peak_bytes, sum(x.nbytes() for x in self.branches.values()))
 
     def finish(self) -> Profile:
         """This run as a Profile (count = complete branches). Raises on NaN/Inf; frees the history."""

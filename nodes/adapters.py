@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Optional, Union
 
-import torch
+from .streams import Layout
 
 log = logging.getLogger("gcache")
 
@@ -22,14 +22,6 @@ class Route(str, Enum):
     OBJECT = "object"      # no replace hook in the loop: each block's `forward` is swapped by an object patch
     #                        (ModelPatcher.add_object_patch, restored when the model is unpatched)
     FALLBACK = "fallback"  # any other model: the whole model output difference (denoised − x) at APPLY_MODEL
-
-
-class Layout(str, Enum):
-    """Where a block's image tokens sit in the tensor it passes on."""
-    IMG = "img"              # image tokens only
-    TXT_FIRST = "txt_first"  # cat(txt, img): Flux/Chroma/AuraFlow single blocks
-    IMG_FIRST = "img_first"  # cat(img, txt): HunyuanVideo/HiDream single blocks
-    ALL = "all"              # every token is cached (Lumina2's joint stream, Cosmos): more memory, still correct
 
 
 @dataclass(frozen=True)
@@ -52,9 +44,11 @@ class Stack:
 @dataclass(frozen=True)
 class Adapter:
     name: str
-    classes: tuple           # "module.Class" of the model classes (or bases) this entry serves
+    classes: tuple           # "module.Class" of the model classes this row was verified on (tests/comfyui)
     route: Route
     stacks: tuple = ()
+    loop: tuple = ()         # methods that hold the block loop (either ComfyUI version): a subclass that
+    #                          overrides one has a loop of its own, which this row was not verified on
     notes: str = ""
 
 
@@ -65,31 +59,41 @@ _CHROMA = (Stack("double_block", "double_blocks", IMG, skip_attr="skip_mmdit"),
 _LDM = "comfy.ldm."
 
 ADAPTERS = (
-    Adapter("flux", (_LDM + "flux.model.Flux",), Route.DIT, _FLUX,
+    Adapter("flux", (_LDM + "flux.model.Flux",), Route.DIT, _FLUX, ("forward_orig",),
             notes="Kontext reference latents are image tokens too"),
-    Adapter("chroma", (_LDM + "chroma.model.Chroma",), Route.DIT, _CHROMA,
-            notes="Chroma Radiance subclasses Chroma; its blocks add into their input in place"),
+    Adapter("chroma", (_LDM + "chroma.model.Chroma", _LDM + "chroma_radiance.model.ChromaRadiance"), Route.DIT,
+            _CHROMA, ("forward_orig",), notes="its blocks add into their input in place"),
     Adapter("hunyuan_video", (_LDM + "hunyuan_video.model.HunyuanVideo",), Route.DIT,
-            (Stack("double_block", "double_blocks", IMG), Stack("single_block", "single_blocks", IMG_FIRST))),
-    Adapter("wan", (_LDM + "wan.model.WanModel",), Route.DIT, (Stack("double_block", "blocks", IMG),),
-            notes="VACE hints / S2V audio are added between blocks; on skipped steps they enter through δ"),
+            (Stack("double_block", "double_blocks", IMG), Stack("single_block", "single_blocks", IMG_FIRST)),
+            ("forward_orig",), notes="single stream cat(img, txt) in ComfyUI 0.3.64, cat(txt, img) + img_slice since"),
+    Adapter("wan", (_LDM + "wan.model.WanModel", _LDM + "wan.model.VaceWanModel"), Route.DIT,
+            (Stack("double_block", "blocks", IMG),), ("forward_orig",),
+            notes="VACE hints are added between blocks; on skipped steps they enter through δ"),
+    Adapter("ltx2", (_LDM + "lightricks.av_model.LTXAVModel",), Route.DIT,
+            (Stack("double_block", "transformer_blocks", IMG),), ("_process_transformer_blocks", "_forward"),
+            notes="blocks carry a (video, audio) pair: each stream keeps its own residual"),
     Adapter("ltxv", (_LDM + "lightricks.model.LTXVModel",), Route.DIT,
-            (Stack("double_block", "transformer_blocks", IMG),), notes="blocks add into their input in place"),
+            (Stack("double_block", "transformer_blocks", IMG),), ("_process_transformer_blocks", "_forward"),
+            notes="blocks add into their input in place"),
     Adapter("qwen_image", (_LDM + "qwen_image.model.QwenImageTransformer2DModel",), Route.DIT,
-            (Stack("double_block", "transformer_blocks", IMG),)),
-    Adapter("sd3", (_LDM + "modules.diffusionmodules.mmdit.MMDiT",), Route.DIT,
-            (Stack("double_block", "joint_blocks", IMG),)),
+            (Stack("double_block", "transformer_blocks", IMG),), ("_forward",)),
+    Adapter("sd3", (_LDM + "modules.diffusionmodules.mmdit.MMDiT",
+                    _LDM + "modules.diffusionmodules.mmdit.OpenAISignatureMMDITWrapper"), Route.DIT,
+            (Stack("double_block", "joint_blocks", IMG),), ("forward_core_with_concat",)),
     Adapter("auraflow", (_LDM + "aura.mmdit.MMDiT",), Route.DIT,
-            (Stack("double_block", "double_layers", IMG), Stack("single_block", "single_layers", TXT_FIRST))),
+            (Stack("double_block", "double_layers", IMG), Stack("single_block", "single_layers", TXT_FIRST)),
+            ("_forward",)),
     Adapter("lumina2", (_LDM + "lumina.model.NextDiT",), Route.OBJECT, (Stack("layer", "layers", ALL),),
-            notes="Lumina2 / Z-Image: joint [caption, image] stream cached whole"),
+            ("_forward",), notes="joint [caption, image] stream cached whole"),
     Adapter("hidream", (_LDM + "hidream.model.HiDreamImageTransformer2DModel",), Route.OBJECT,
             (Stack("double_stream", "double_stream_blocks", IMG,
                    call=ObjectCall("image_tokens", returns_text="text_tokens")),
-             Stack("single_stream", "single_stream_blocks", IMG_FIRST, call=ObjectCall("image_tokens")))),
-    Adapter("cosmos_predict2", (_LDM + "cosmos.predict2.MiniTrainDIT",), Route.OBJECT, (Stack("block", "blocks", ALL),)),
+             Stack("single_stream", "single_stream_blocks", IMG_FIRST, call=ObjectCall("image_tokens"))),
+            ("_forward",)),
+    Adapter("cosmos_predict2", (_LDM + "cosmos.predict2.MiniTrainDIT",), Route.OBJECT,
+            (Stack("block", "blocks", ALL),), ("_forward",)),
     Adapter("cosmos", (_LDM + "cosmos.model.GeneralDIT",), Route.OBJECT,
-            (Stack("block", "blocks", ALL, call=ObjectCall(0, batch_dim=3)),),
+            (Stack("block", "blocks", ALL, call=ObjectCall(0, batch_dim=3)),), ("_forward",),
             notes="Cosmos 1 adds a position term before every block; it enters through δ on skipped steps"),
 )
 
@@ -101,28 +105,77 @@ def qualified_name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def find_adapter(diffusion_model) -> Adapter:
-    """The adapter of the first class in the model's MRO that the table names (module and class), else
-    FALLBACK. Table lookup only: `choose_adapter` also checks that the blocks are there."""
-    for cls in type(diffusion_model).__mro__:
+@dataclass(frozen=True)
+class Match:
+    """The table's answer for one model class: which row, and whether the class itself was verified."""
+    adapter: Adapter
+    row_class: Optional[type] = None   # the class of the model's MRO the row names
+    verified: bool = False             # the model's own class is named in the row
+
+
+def find_adapter(diffusion_model) -> Match:
+    """The row naming the first class of the model's MRO (module and class), else FALLBACK. Table lookup only:
+    `choose_adapter` also checks an unverified subclass and the blocks."""
+    for n, cls in enumerate(type(diffusion_model).__mro__):
         name = qualified_name(cls)
         for a in ADAPTERS:
             if name in a.classes:
-                return a
-    return FALLBACK
+                return Match(a, cls, n == 0)
+    return Match(FALLBACK)
+
+
+def unverified_reason(match: Match, diffusion_model) -> Optional[str]:
+    """Why a subclass the row does not name may not use it (None: it may). It may when it runs the row class's
+    own block loop and its blocks take the arguments the patch passes."""
+    model_cls, ad = type(diffusion_model), match.adapter
+    own = [m for m in ad.loop if getattr(model_cls, m, None) is not getattr(match.row_class, m, None)]
+    if own:
+        return f"it overrides {', '.join(own)}, so it has a block loop of its own"
+    if ad.route == Route.OBJECT:
+        for st in ad.stacks:
+            blocks = list(getattr(diffusion_model, st.attr, None).children()) \
+                if getattr(diffusion_model, st.attr, None) is not None else []
+            if blocks and not _takes(blocks[0], st.call.arg):
+                return f"its {st.attr} blocks do not take {st.call.arg!r}"
+    return None
+
+
+def _takes(block, arg: Union[int, str]) -> bool:
+    """Whether block.forward accepts the token argument the object patch passes (by name or position)."""
+    import inspect
+    try:
+        params = list(inspect.signature(type(block).forward).parameters.values())[1:]  # without self
+    except (TypeError, ValueError):
+        return False
+    if any(p.kind == p.VAR_KEYWORD for p in params) and isinstance(arg, str):
+        return True
+    if isinstance(arg, str):
+        return any(p.name == arg for p in params)
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) > arg or any(p.kind == p.VAR_POSITIONAL for p in params)
 
 
 def choose_adapter(diffusion_model) -> Adapter:
-    """The family adapter if its blocks are where the table says, else FALLBACK with a warning: a family
-    adapter that patches no block would silently do nothing."""
-    ad = find_adapter(diffusion_model)
+    """The family adapter when the model's class was verified with it, or is a subclass that runs the same block
+    loop, and its blocks are where the row says; else FALLBACK, loudly: an adapter that patches no block (or the
+    wrong ones) would silently do nothing, or worse."""
+    match = find_adapter(diffusion_model)
+    ad, name = match.adapter, qualified_name(type(diffusion_model))
     if ad.route == Route.FALLBACK:
-        log.info("GCache: %s has no family adapter; using the %s (%s).", qualified_name(type(diffusion_model)),
-                 ad.name, ad.notes)
-    elif not block_slots(ad, diffusion_model):
+        log.info("GCache: %s has no family adapter; using the %s (%s).", name, ad.name, ad.notes)
+        return ad
+    if not match.verified:
+        why = unverified_reason(match, diffusion_model)
+        if why is not None:
+            log.warning("GCache: %s is a subclass of %s, which the %s adapter was verified on, but %s; using the %s "
+                        "instead. Please report this model.", name, qualified_name(match.row_class), ad.name, why,
+                        FALLBACK.name)
+            return FALLBACK
+        log.info("GCache: %s was not verified with the %s adapter; it runs %s's own block loop with the same blocks, "
+                 "so the adapter is used.", name, ad.name, qualified_name(match.row_class))
+    if not block_slots(ad, diffusion_model):
         log.warning("GCache: %s looks like %s but has none of its blocks (%s); using the %s instead.",
-                    qualified_name(type(diffusion_model)), ad.name, ", ".join(st.attr for st in ad.stacks),
-                    FALLBACK.name)
+                    name, ad.name, ", ".join(st.attr for st in ad.stacks), FALLBACK.name)
         return FALLBACK
     return ad
 
@@ -160,23 +213,3 @@ def estimated_io_share(adapter: Adapter, diffusion_model) -> float:
     inside = sum(p.numel() for st in adapter.stacks if getattr(diffusion_model, st.attr, None) is not None
                  for p in getattr(diffusion_model, st.attr).parameters())
     return max(0.0, min(1.0, 1.0 - inside / total)) if total else 0.0
-
-
-# ---------------------------------------------------------------------------------------------- token layout
-def take_image(t: torch.Tensor, layout: Layout, n_img: int) -> torch.Tensor:
-    """The image tokens of a block stream (n_img = image tokens at the stack's entry)."""
-    if layout == TXT_FIRST:
-        return t[:, t.shape[1] - n_img:]
-    if layout == IMG_FIRST:
-        return t[:, :n_img]
-    return t
-
-
-def put_image(t: torch.Tensor, layout: Layout, z: torch.Tensor) -> torch.Tensor:
-    """`t` with its image tokens replaced by z (text tokens kept as they are)."""
-    n = z.shape[1]
-    if layout == TXT_FIRST:
-        return torch.cat((t[:, :t.shape[1] - n], z), 1)
-    if layout == IMG_FIRST:
-        return torch.cat((z, t[:, n:]), 1)
-    return z

@@ -7,7 +7,9 @@ from ..core.errors import GCacheError
 from ..core.policy import Policy
 from . import comfy_common as cc
 from . import artifacts, hooks
-from .configs import CACHE_DEVICES, STEP_MISMATCH, apply_config, auto_config
+from .apply_mode import apply_config
+from .auto_mode import auto_config
+from .run_config import CACHE_DEVICES, STEP_MISMATCH
 
 
 class GCacheApply(io.ComfyNode):

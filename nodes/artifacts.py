@@ -3,11 +3,13 @@
     <name>.profile.safetensors   accumulated Profile
     <name>.json                  Policy
     <name>.search.json           search state beside its policy (resume after interrupt/crash)
+    auto_<model>-<key>_<N>steps_<scheduler>[_<speed-up>x]   GCache Apply (auto)'s own (AutoName)
 Names go through core.files.safe_name; nothing here ever unpickles.
 """
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from ..core.errors import GCacheError
@@ -72,3 +74,46 @@ def unique_beside(path: str, tag: str) -> str:
     while os.path.exists(os.path.join(folder, f"{stem}.{tag}-{n}{suffix}")):
         n += 1
     return os.path.join(folder, f"{stem}.{tag}-{n}{suffix}")
+
+
+@dataclass(frozen=True)
+class AutoName:
+    """GCache Apply (auto)'s files for one model, step count and scheduler:
+    auto_<Model>-<weights key>_<N>steps_<scheduler>.profile.safetensors (no speed-up: another speed-up reuses the
+    profile) and auto_..._<scheduler>_<speed-up>x.json (the policy)."""
+    model: str
+    key: str
+    n_steps: int
+    scheduler: str
+    speedup: float
+
+    @property
+    def stem(self) -> str:
+        return f"auto_{self.model}-{self.key}_{self.n_steps}steps_{self.scheduler}"
+
+    @property
+    def policy_name(self) -> str:
+        return f"{self.stem}_{self.speedup:g}x"
+
+    def profile_path(self, folder: str) -> str:
+        return profile_path(folder, self.stem)
+
+    def policy_path(self, folder: str) -> str:
+        return policy_path(folder, self.policy_name)
+
+    def with_steps(self, n_steps: int) -> "AutoName":
+        return replace(self, n_steps=n_steps)
+
+    def policy_step_counts(self, files: list[str]) -> list[int]:
+        """The step counts of this model's auto policies for the same scheduler and speed-up among `files`."""
+        head, tail = f"auto_{self.model}-{self.key}_", f"steps_{self.scheduler}_{self.speedup:g}x{POLICY_SUFFIX}"
+        return sorted(int(f[len(head):-len(tail)]) for f in files
+                      if f.startswith(head) and f.endswith(tail) and f[len(head):-len(tail)].isdigit())
+
+
+def set_aside(path: str, tag: str = "damaged") -> str:
+    """Move a file that can't be read out of the way (beside it, renamed), so that it is made again; returns the
+    new path. The user's data is kept, never deleted."""
+    side = unique_beside(path, tag)
+    os.replace(path, side)
+    return side

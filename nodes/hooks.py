@@ -1,9 +1,9 @@
 """Wire GCache into a ComfyUI ModelPatcher clone: wrappers + block patches, nothing else. Imports ComfyUI.
 
-model.clone() → the config (configs.py: ApplyConfig, AutoConfig or ProfileConfig; plain data, no tensors) in
-transformer_options["gcache"], three wrappers keyed "gcache" (OUTER_SAMPLE: the config starts the per-run
-state, released in `finally`; SAMPLER_SAMPLE: the step callback; APPLY_MODEL: the step of every model call,
-and the whole-model fallback) and the family's block patches. Nothing is stored on the shared diffusion model;
+model.clone() → the config (apply_mode.ApplyConfig, auto_mode.AutoConfig or profile_mode.ProfileConfig; plain
+data, no tensors, never changed after the node made it) in transformer_options["gcache"], three wrappers keyed
+"gcache" (OUTER_SAMPLE: the config starts the per-run state, closed in `finally`; SAMPLER_SAMPLE: the step
+callback; APPLY_MODEL: the step of every model call, and the whole-model fallback) and the family's block patches. Nothing is stored on the shared diffusion model;
 object patches (families without dit replace) are ModelPatcher's own, restored on unpatch.
 """
 from __future__ import annotations
@@ -14,8 +14,10 @@ from typing import Optional, Union
 from comfy.patcher_extension import WrappersMP
 
 from .adapters import Route, block_slots
-from .configs import ApplyConfig, AutoConfig, ProfileConfig
+from .apply_mode import ApplyConfig
+from .auto_mode import AutoConfig
 from .fingerprint import content_hash
+from .profile_mode import ProfileConfig
 from .runtime import activate, current_run, deactivate, make_dit_patch, make_gated_forward
 
 log = logging.getLogger("gcache")
@@ -65,7 +67,7 @@ def _outer_sample(executor, *args, **kwargs):
                             getattr(getattr(sampler, "sampler_function", None), "__name__", type(sampler).__name__),
                             a["sigmas"])
 
-    run, finish = config.start_run(guider.model_patcher, [float(s) for s in a["sigmas"].float().cpu()], sample_key)
+    run = config.start_run(guider.model_patcher, [float(s) for s in a["sigmas"].float().cpu()], sample_key)
     token = activate(run)
     ok = False
     try:
@@ -74,7 +76,7 @@ def _outer_sample(executor, *args, **kwargs):
         return out
     finally:
         deactivate(token)
-        finish(ok)
+        run.close(ok)
 
 
 def _sampler_sample(executor, *args, **kwargs):

@@ -10,7 +10,8 @@ from ..core.profile import Profile
 from ..search.plots import plot_profile
 from . import artifacts, hooks
 from . import comfy_common as cc
-from .configs import CACHE_DEVICES, profile_config
+from .profile_mode import profile_config
+from .run_config import CACHE_DEVICES
 
 
 class GCacheProfile(io.ComfyNode):

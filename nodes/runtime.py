@@ -1,25 +1,35 @@
 """Per-run state and the block-stack gate. No ComfyUI import (hooks.py wires these into a ModelPatcher).
 
-A RunState lives for one sampling run (created in the OUTER_SAMPLE wrapper, closed in its `finally`). It
-owns the core ResidualCache and the StepTracker. Each model call: `begin_call` sets the step; every block of
-the stack (dit patch, object-patched forward) and the whole-model fallback go through one gate, `gate`.
+A RunState lives for one sampling run (created in the OUTER_SAMPLE wrapper, closed in its `finally`). It owns
+the StepTracker and one lane per device that runs the model: ComfyUI's MultiGPU CFG split (0.33) runs each
+device's conds in a thread of its own, so every device gets its own ResidualCache (residuals stay on the device
+that made them) and every thread its own call state. Each model call: `begin_call` sets the step; every block of the stack (dit patch, object-patched
+forward) and the whole-model fallback go through one gate, `gate`.
+
 Patches know their model clone by an owner token (its config's, kept in transformer_options) and find its live
-run in a context variable set by the OUTER_SAMPLE wrapper; so block calls that carry no transformer_options
-(Wan S2V, object-patched blocks) work too, and no tensor ever sits in model_options, which ModelPatcher.clone
-deep-copies.
+run in a context variable set by the OUTER_SAMPLE wrapper, or, from a thread ComfyUI started inside the run
+(where the context variable is not visible), in the process-wide table of live runs. No tensor ever sits in
+model_options, which ModelPatcher.clone copies (0.3.64) or shares between clones (0.33).
 """
 from __future__ import annotations
 
 import contextvars
+import logging
+import threading
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-import torch
-
-from ..core.engine import ResidualCache
-from .adapters import BlockSlot, Layout, put_image, take_image
+from ..core.engine import CacheStats, ResidualCache
+from ..core.errors import GCacheError
+from . import streams
+from .adapters import BlockSlot
 from .steps import StepTracker
+from .streams import Layout
 
+log = logging.getLogger("gcache")
 _RUNS: contextvars.ContextVar = contextvars.ContextVar("gcache_runs", default={})
+_LIVE: dict = {}                # owner -> live runs, for threads started inside a run (MultiGPU CFG split)
+_LIVE_LOCK = threading.Lock()
 
 
 def _same(t):
@@ -58,88 +68,173 @@ def branch_keys(transformer_options: Optional[dict], names: Optional[dict] = Non
     return keys
 
 
-class RunState:
-    """One sampling run of one patched model clone: the engine's cache, the step tracker, the current call."""
+@dataclass
+class _Lane:
+    """One device's model calls within a run: its cache and the call it is in."""
+    cache: ResidualCache
+    branches: list = field(default_factory=lambda: ["all"])
+    compute: bool = True
+    n_img: int = 0
 
-    def __init__(self, cache: ResidualCache, tracker: StepTracker, owner: str):
-        self.cache = cache
+
+class RunState:
+    """One sampling run of one patched model clone: the step tracker, one lane (cache + call) per device."""
+
+    def __init__(self, make_cache: Callable[[], ResidualCache], tracker: StepTracker, owner: str,
+                 on_close: Optional[Callable[["RunState", CacheStats, bool], None]] = None):
+        self.make_cache = make_cache
+        self.on_close = [on_close] if on_close else []  # the mode's end of the run: logs, files (in order)
         self.tracker = tracker
         self.owner = owner          # the config's owner token of the model clone this run belongs to
-        self.branches: list = ["all"]
-        self.names: dict = {}       # cond uuid -> stable branch name for this run
-        self.compute = True
-        self.n_img = 0
+        self.names: dict = {}       # cond uuid -> stable branch name for this run (shared by the lanes)
         self.calls = 0              # model calls (a run whose stack was never entered is reported)
+        self.disabled: Optional[str] = None  # why this run stopped caching (it then computes every step)
+        self._lanes: dict = {}        # "main", or the device of ComfyUI's MultiGPU CFG split -> lane
+        self._by_thread: dict = {}    # thread id -> the lane of its current call
+        self._lock = threading.Lock()
+
+    def lane(self) -> _Lane:
+        """The lane of the calling thread (set by its begin_call)."""
+        ln = self._by_thread.get(threading.get_ident())
+        return ln if ln is not None else self._lane_for("main")
+
+    def _lane_for(self, key) -> _Lane:
+        with self._lock:
+            ln = self._lanes.get(key)
+            if ln is None:
+                ln = self._lanes[key] = _Lane(self.make_cache())
+            self._by_thread[threading.get_ident()] = ln
+        return ln
+
+    @property
+    def cache(self) -> ResidualCache:
+        """This thread's cache (the only one unless ComfyUI calls the model on several devices)."""
+        return self.lane().cache
 
     # ---------------------------------------------------------------- per model call
     def begin_call(self, sigma: float, transformer_options: Optional[dict]) -> int:
+        # a lane per device: the MultiGPU CFG split names the device of each call (its pool threads live as long
+        # as the run, but the device is what a cache must follow)
+        ln = self._lane_for((transformer_options or {}).get("multigpu_thread_device", "main"))
         step = self.tracker.step(sigma)
-        self.cache.set_step(step)
-        self.branches = branch_keys(transformer_options, self.names)
-        self.compute = True
-        self.calls += 1
+        ln.cache.set_step(step)
+        with self._lock:  # the lanes share the cond names
+            ln.branches = branch_keys(transformer_options, self.names)
+            self.calls += 1
+        ln.compute = True
         return step
 
+    def disable(self, reason: str) -> None:
+        """Stop caching for the rest of this run (every step computes), loudly, instead of failing the prompt."""
+        if self.disabled is None:
+            self.disabled = reason
+            log.error("GCache: %s; this run computes every step. Please report this model and ComfyUI version.",
+                      reason)
+
     # ---------------------------------------------------------------- the one block-stack gate
-    def gate(self, x: torch.Tensor, run_block: Callable[[torch.Tensor], Any], first: bool, last: bool,
-             layout: Layout = Layout.ALL, tokens: Callable[[Any], torch.Tensor] = _same,
-             passed: Callable[[torch.Tensor], Any] = _same) -> Any:
+    def gate(self, x, run_block: Callable[[Any], Any], first: bool, last: bool, layout: Layout = Layout.ALL,
+             tokens: Callable[[Any], Any] = _same, passed: Callable[[Any], Any] = _same,
+             img_slice=None, where: str = "") -> Any:
         """One block of the stack (or the whole model, for the fallback) under the policy.
 
-        x: the block's token input, batch first; run_block(x) calls the original block with it; tokens(out) is
-        the output's token tensor (batch first); passed(y) is what the block returns when it is skipped and the
-        stream is y. The first block decides (compute or skip), the last one leaves the cache: on a computed step
-        it stores δ from the real output, on a skipped step it returns h + δ. Middle blocks pass through.
+        x: the block's stream (tokens batch first, or a tuple of such streams); run_block(x) calls the original
+        block with it; tokens(out) is the output's stream; passed(y) is what the block returns when it is skipped
+        and the stream is y; img_slice: where ComfyUI says the image tokens are (None: the layout says). The first
+        block decides (compute or skip), the last one leaves the cache: on a computed step it stores δ from the
+        real output, on a skipped step it returns h + δ. Middle blocks pass through.
         """
+        if self.disabled is not None:
+            return run_block(x)
+        ln = self.lane()
         if first:
-            self.n_img = x.shape[1]
-            self.compute = self.cache.enter(x, self.branches)
-            if not self.compute:
-                x = x.clone()  # skipped: callers may add into what the blocks pass on (Wan VACE hints)
-        if self.compute:
+            h = streams.take_image(x, layout, None, img_slice, where)
+            ln.n_img = h.shape[1]
+            ln.compute = ln.cache.enter(h, ln.branches)
+            if not ln.compute:
+                x = streams.clone(x)  # skipped: callers may add into what the blocks pass on (Wan VACE hints)
+        if ln.compute:
             try:
                 out = run_block(x)
             except BaseException:
-                self.cache.abort()  # a failed block call must not leave a half-entered stack behind
+                ln.cache.abort()  # a failed block call must not leave a half-entered stack behind
                 raise
             if last:
-                self.cache.exit(take_image(tokens(out), layout, self.n_img))
+                ln.cache.exit(streams.take_image(tokens(out), layout, ln.n_img, img_slice, where))
             return out
-        return passed(put_image(x, layout, self.cache.exit(None)) if last else x)
+        if not last:
+            return passed(x)
+        return passed(streams.put_image(x, layout, ln.cache.exit(None), img_slice, where))
+
+    # ---------------------------------------------------------------- end of the run
+    def close(self, ok: bool = True) -> CacheStats:
+        """Release every lane's tensors, then let the mode finish the run (ok: sampling finished). Returns the
+        run's statistics, merged over the lanes."""
+        stats = CacheStats.merged([ln.cache.close() for ln in self._lanes.values()]) if self._lanes else CacheStats()
+        for fn in self.on_close:
+            fn(self, stats, ok)
+        return stats
 
 
 def activate(run: RunState):
     """Make `run` the live run of its owner for the duration of a sampling run (returns a reset token)."""
-    return _RUNS.set({**_RUNS.get(), run.owner: run})
+    with _LIVE_LOCK:
+        _LIVE.setdefault(run.owner, []).append(run)
+    return _RUNS.set({**_RUNS.get(), run.owner: run}), run
 
 
 def deactivate(token) -> None:
-    _RUNS.reset(token)
+    var_token, run = token
+    _RUNS.reset(var_token)
+    with _LIVE_LOCK:
+        live = _LIVE.get(run.owner, [])
+        if run in live:
+            live.remove(run)
+        if not live:
+            _LIVE.pop(run.owner, None)
 
 
 def current_run(owner: str) -> Optional[RunState]:
     """The live run of the model clone `owner` (a token string), or None when it is sampled without our
     OUTER_SAMPLE wrapper, e.g. by a node that calls the model directly."""
-    return _RUNS.get().get(owner)
+    run = _RUNS.get().get(owner)
+    if run is not None:
+        return run
+    live = _LIVE.get(owner)  # a thread ComfyUI started inside the run (MultiGPU CFG split)
+    if not live:
+        return None
+    if len(live) > 1:
+        raise GCacheError("Two sampling runs of one GCache-patched model are live at once and a model call came from "
+                          "a thread that belongs to neither, so GCache cannot tell which run it is. Sample the model "
+                          "in one run at a time, or give each run its own GCache Apply.")
+    return live[0]
 
 
 # ------------------------------------------------------------------------------ dit replace patches
 def make_dit_patch(slot: BlockSlot, owner: str) -> Callable:
     """patches_replace["dit"] patch: patch(args, {"original_block": fn}) -> dict of the block's outputs."""
+    stack = slot.stack
+    joint = stack.layout in streams.JOINT
+    where = f"{stack.key} ({stack.attr})"
+
     def patch(args: dict, extra: dict) -> dict:
         original = extra["original_block"]
         run = current_run(owner)
-        if run is None:
+        if run is None or run.disabled is not None:
+            return original(args)
+        x = args.get("img")
+        if not streams.is_stream(x):
+            run.disable(f"the {where} blocks of this model pass {type(x).__name__} as 'img', not token tensors")
             return original(args)
 
         def passed(y):  # a skipped block hands its stream on (and the text stream, where it has one)
             return {"img": y, "txt": args["txt"]} if "txt" in args else {"img": y}
 
-        def run_block(x):  # x is args["img"] unless the first block of a skipped step cloned it
-            return original(args if x is args["img"] else dict(args, img=x))
+        def run_block(y):  # y is args["img"] unless the first block of a skipped step cloned it
+            return original(args if y is x else dict(args, img=y))
 
-        return run.gate(args["img"], run_block, slot.first, slot.last,
-                        slot.stack.layout, tokens=lambda out: out["img"], passed=passed)
+        topts = args.get("transformer_options") or {}
+        return run.gate(x, run_block, slot.first, slot.last, stack.layout, tokens=lambda out: out["img"],
+                        passed=passed, img_slice=topts.get("img_slice") if joint else None, where=where)
 
     return patch
 
@@ -149,6 +244,7 @@ def make_gated_forward(slot: BlockSlot, original: Callable, owner: str) -> Calla
     """A block `forward` for families without dit replace: same signature, gated by the run."""
     call = slot.stack.call
     arg, bd = call.arg, call.batch_dim
+    where = f"{slot.stack.key} ({slot.stack.attr})"
 
     def with_x(a, kw, x):
         if isinstance(arg, str):
@@ -163,18 +259,24 @@ def make_gated_forward(slot: BlockSlot, original: Callable, owner: str) -> Calla
 
     def forward(*a, **kw):
         run = current_run(owner)
-        if run is None:
+        if run is None or run.disabled is not None:
+            return original(*a, **kw)
+        x = kw.get(arg) if isinstance(arg, str) else (a[arg] if len(a) > arg else None)
+        if not streams.is_stream(x):
+            run.disable(f"the {where} blocks of this model were called without token tensors as {arg!r}")
             return original(*a, **kw)
 
-        def run_block(x):
-            a2, kw2 = with_x(a, kw, from_engine(x))
+        def run_block(y):
+            a2, kw2 = with_x(a, kw, from_engine(y))
             return original(*a2, **kw2)
 
         def passed(y):  # HiDream's double-stream blocks return (image, text)
             return (from_engine(y), kw[call.returns_text]) if call.returns_text else from_engine(y)
 
-        x = kw[arg] if isinstance(arg, str) else a[arg]
+        topts = kw.get("transformer_options") or {}
         return run.gate(to_engine(x), run_block, slot.first, slot.last, slot.stack.layout,
-                        tokens=lambda out: to_engine(out[0] if isinstance(out, tuple) else out), passed=passed)
+                        tokens=lambda out: to_engine(out[0] if isinstance(out, tuple) else out), passed=passed,
+                        img_slice=topts.get("img_slice") if slot.stack.layout in streams.JOINT else None,
+                        where=where)
 
     return forward

@@ -17,7 +17,8 @@ from ..search.objectives import OBJECTIVES, make_objective
 from ..search.plots import plot_search
 from . import comfy_common as cc
 from . import artifacts, hooks
-from .configs import apply_config, profile_config
+from .apply_mode import apply_config
+from .profile_mode import profile_config
 from .fingerprint import content_hash
 from .sampling import decode, sample
 

@@ -34,7 +34,7 @@ def _close(a: float, b: float, scale: float) -> bool:
     return abs(a - b) <= REL_TOL * max(scale, 1e-8)
 
 
-def locate(run: Sequence[float], full: Sequence[float]) -> Optional[int]:
+def offset_in(run: Sequence[float], full: Sequence[float]) -> Optional[int]:
     """Offset of `run` (n + 1 sigmas incl. its end) inside `full` (N + 1 sigmas), or None.
 
     The run's last sigma may be 0 where the full schedule continues (KSamplerAdvanced force_full_denoise).
@@ -90,15 +90,15 @@ def find_schedule(run_sigmas: Sequence[float], policy_sigmas: Optional[Sequence[
         raise GCacheError("The sampler got fewer than two sigmas: there is no step to run.")
     if policy_sigmas:
         full = [float(v) for v in policy_sigmas] + [0.0]
-        off = locate(run, full)
+        off = offset_in(run, full)
         if off is not None:
             return Schedule(full, off, n, "policy")
     for name, full in candidates:
         full = [float(v) for v in full]
-        if len(full) == len(run) and locate(run, full) == 0:
+        if len(full) == len(run) and offset_in(run, full) == 0:
             return Schedule(full, 0, n, f"model:{name}")  # a full run of a standard schedule
         if len(full) > len(run):
-            off = locate(run, full)
+            off = offset_in(run, full)
             if off is not None:
                 return Schedule(full, off, n, f"model:{name}")
     return Schedule(run, 0, n, "run")
@@ -137,7 +137,22 @@ class ScheduleCatalog:
                 return name
         return None
 
-    def locate(self, run: list[float]) -> Schedule:
+    def scheduler_of(self, run_sigmas: Sequence[float]) -> Optional[str]:
+        """The scheduler that made a full run's sigmas, also when the sampler dropped the penultimate sigma of a
+        schedule one step longer (dpm_2, uni_pc: "<scheduler>-penultimate-dropped"); None if no scheduler did."""
+        name = self.name_of(run_sigmas)
+        if name is not None:
+            return name
+        run = [float(v) for v in run_sigmas]
+        scale = max(abs(v) for v in run) if run else 1.0
+        for name in self.names:
+            full = self._get(name, len(run))
+            if full is not None and len(full) == len(run) + 1 and \
+                    all(_close(a, b, scale) for a, b in zip(run, full[:-2] + full[-1:])):
+                return f"{name}-penultimate-dropped"
+        return None
+
+    def place(self, run: list[float]) -> Schedule:
         """find_schedule over this catalog, remembered per run (found or not: a miss scans everything)."""
         key = tuple(run)
         if key not in self._placed:
@@ -168,7 +183,7 @@ def place_run(run_sigmas: Sequence[float], sigma_max: float, policy_sigmas: Opti
         (catalog is not None and catalog.name_of(run) is not None)
     sched = find_schedule(run, policy_sigmas, ())
     if sched.source == "run" and not is_full and catalog is not None:
-        sched = catalog.locate(run)
+        sched = catalog.place(run)
     if sched.source.startswith("model:") and sched.offset > 0 and is_own_tail(sched):
         sched = Schedule(run, 0, sched.n_run, "tail")  # logged by the caller: "its own N steps"
     return sched

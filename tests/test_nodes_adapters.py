@@ -3,8 +3,9 @@ import pytest
 import torch
 
 from gcache.core.engine import ResidualCache
-from gcache.nodes.adapters import (ADAPTERS, FALLBACK, Layout, ObjectCall, Stack, block_slots, choose_adapter,
-                                   estimated_io_share, find_adapter, put_image, take_image)
+from gcache.nodes.adapters import (ADAPTERS, FALLBACK, ObjectCall, Stack, block_slots, choose_adapter,
+                                   estimated_io_share, find_adapter)
+from gcache.nodes.streams import Layout, put_image, take_image
 from gcache.nodes.runtime import RunState, activate, branch_keys, deactivate, make_dit_patch, make_gated_forward
 from gcache.nodes.steps import StepTracker
 
@@ -65,17 +66,17 @@ class ForeignFlux(torch.nn.Module):  # another pack's class that happens to be c
 
 
 def test_find_adapter_by_module_and_class_in_mro():
-    assert find_adapter(Flux()).name == "flux"
-    assert find_adapter(VaceWanModel()).name == "wan"
-    assert find_adapter(WanLikeName()) is FALLBACK
-    assert find_adapter(ForeignFlux()) is FALLBACK
+    assert find_adapter(Flux()).adapter.name == "flux" and find_adapter(Flux()).verified
+    assert find_adapter(VaceWanModel()).adapter.name == "wan"
+    assert find_adapter(WanLikeName()).adapter is FALLBACK
+    assert find_adapter(ForeignFlux()).adapter is FALLBACK
     names = [n for a in ADAPTERS for n in a.classes]
     assert len(names) == len(set(names))
 
 
 def test_auraflow_is_not_taken_for_sd3():
     """Both classes are called MMDiT; before module matching AuraFlow got SD3's adapter and patched nothing."""
-    assert find_adapter(SD3MMDiT()).name == "sd3"
+    assert find_adapter(SD3MMDiT()).adapter.name == "sd3"
     aura = AuraMMDiT()
     assert choose_adapter(aura).name == "auraflow"
     slots = block_slots(choose_adapter(aura), aura)
@@ -92,11 +93,11 @@ def test_known_family_without_its_blocks_falls_back_loudly(caplog):
 
 
 def test_block_slots_roles_and_chroma_skips():
-    slots = block_slots(find_adapter(Flux()), Flux())
+    slots = block_slots(find_adapter(Flux()).adapter, Flux())
     assert [(s.stack.key, s.index, s.first, s.last) for s in slots] == [
         ("double_block", 0, True, False), ("double_block", 1, False, False),
         ("single_block", 0, False, False), ("single_block", 1, False, True)]
-    slots = block_slots(find_adapter(Chroma()), Chroma())
+    slots = block_slots(find_adapter(Chroma()).adapter, Chroma())
     assert [(s.stack.key, s.index) for s in slots] == [("double_block", 1), ("double_block", 2),
                                                        ("single_block", 0), ("single_block", 1)]
     assert slots[0].first and slots[-1].last
@@ -104,7 +105,7 @@ def test_block_slots_roles_and_chroma_skips():
 
 def test_estimated_io_share_counts_parameters_outside_the_stack():
     m = Flux()
-    assert estimated_io_share(find_adapter(m), m) == pytest.approx(20 / 100)
+    assert estimated_io_share(find_adapter(m).adapter, m) == pytest.approx(20 / 100)
     assert estimated_io_share(FALLBACK, m) == 0.0
 
 
@@ -205,25 +206,25 @@ def test_all_ones_is_bit_identical_and_skips_reuse_delta(order):
     net = FakeDiT(order)
     ref = sample(net, None, None)
     full_calls = net.calls
-    run = RunState(ResidualCache([1, 1, 1, 1]), StepTracker([1, .75, .5, .25, 0]), "a")
+    run = RunState(lambda: ResidualCache([1, 1, 1, 1]), StepTracker([1, .75, .5, .25, 0]), "a")
     got = sample(net, patched(order, "a"), run)
     assert all(torch.equal(a[1], b[1]) for a, b in zip(ref, got))
     net.calls = 0
-    run = RunState(ResidualCache([1, 0, 1, 0]), StepTracker([1, .75, .5, .25, 0]), "a")
+    run = RunState(lambda: ResidualCache([1, 0, 1, 0]), StepTracker([1, .75, .5, .25, 0]), "a")
     got = sample(net, patched(order, "a"), run)
     assert net.calls == full_calls // 2                     # the stack ran on 2 of 4 steps
     for skip, comp in ((1, 0), (3, 2)):
         h_c, z_c = ref[comp]
         h_s, z_s = got[skip]
         assert torch.allclose(z_s, h_s + (z_c - h_c), atol=1e-6)
-    assert run.cache.close().block_runs == {(0, 0): 2}
+    assert run.close().block_runs == {(0, 0): 2}
 
 
 def test_patch_without_live_run_or_other_owner_passes_through():
     net = FakeDiT("txt_first")
     ref = sample(net, None, None)
     assert all(torch.equal(a[1], b[1]) for a, b in zip(ref, sample(net, patched("txt_first", "a"), None)))
-    other = RunState(ResidualCache([1, 0, 0, 0]), StepTracker([1, .75, .5, .25, 0]), "b")
+    other = RunState(lambda: ResidualCache([1, 0, 0, 0]), StepTracker([1, .75, .5, .25, 0]), "b")
     got = sample(net, patched("txt_first", "a"), other)  # a run of another model clone: not ours
     assert all(torch.equal(a[1], b[1]) for a, b in zip(ref, got))
 
@@ -233,7 +234,7 @@ def test_gated_forward_keyword_pair_and_batch_dim():
     st = Stack("double_stream", "d", "img", call=ObjectCall("image_tokens", returns_text="text_tokens"))
     blk = lambda image_tokens, text_tokens, **kw: (image_tokens * 2, text_tokens)  # noqa: E731
     fwd = make_gated_forward(BlockSlot(st, 0, "0", True, True), blk, "o")
-    run = RunState(ResidualCache([1, 0]), StepTracker([1, .5, 0]), "o")
+    run = RunState(lambda: ResidualCache([1, 0]), StepTracker([1, .5, 0]), "o")
     tok = activate(run)
     try:
         x, t = torch.ones(1, 3, 2), torch.zeros(1, 2, 2)
@@ -248,7 +249,7 @@ def test_gated_forward_keyword_pair_and_batch_dim():
     # Cosmos 1 keeps tokens as T H W B D: the branch chunks are along dim 3
     st = Stack("block", "blocks", "all", call=ObjectCall(0, batch_dim=3))
     fwd = make_gated_forward(BlockSlot(st, 0, "block0", True, True), lambda x, *a, **k: x + 1, "c")
-    run = RunState(ResidualCache([1, 0]), StepTracker([1, .5, 0]), "c")
+    run = RunState(lambda: ResidualCache([1, 0]), StepTracker([1, .5, 0]), "c")
     tok = activate(run)
     try:
         x = torch.randn(2, 2, 2, 2, 4)  # T H W B D with B = 2 (cond, uncond)

@@ -3,7 +3,7 @@ import pytest
 
 from gcache.core.errors import GCacheError
 from gcache.core.policy import Policy
-from gcache.nodes.steps import Schedule, StepTracker, find_schedule, locate, normalized_times, place_policy
+from gcache.nodes.steps import Schedule, StepTracker, find_schedule, offset_in, normalized_times, place_policy
 
 SIG = [1.0, 0.8, 0.6, 0.4, 0.2, 0.0]  # 5 steps
 
@@ -54,11 +54,11 @@ def test_offset_makes_steps_global():
 
 def test_locate_slices_and_forced_zero_end():
     full = [1.0, 0.9, 0.7, 0.5, 0.3, 0.1, 0.0]
-    assert locate(full[:4], full) == 0                 # high-noise expert, leftover noise returned
-    assert locate(full[3:], full) == 3                 # low-noise expert
-    assert locate([0.9, 0.7, 0.0], full) == 1          # force_full_denoise sets the end to 0
-    assert locate([0.95, 0.7], full) is None
-    assert locate(full, full) == 0
+    assert offset_in(full[:4], full) == 0                 # high-noise expert, leftover noise returned
+    assert offset_in(full[3:], full) == 3                 # low-noise expert
+    assert offset_in([0.9, 0.7, 0.0], full) == 1          # force_full_denoise sets the end to 0
+    assert offset_in([0.95, 0.7], full) is None
+    assert offset_in(full, full) == 0
 
 
 def test_find_schedule_prefers_policy_then_model_candidates():

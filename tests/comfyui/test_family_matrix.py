@@ -24,8 +24,9 @@ import tiny_video_models as tvm  # noqa: E402
 
 from gcache.core.policy import Policy  # noqa: E402
 from gcache.core.profile import Profile  # noqa: E402
-from gcache.nodes import configs, hooks  # noqa: E402
-from gcache.nodes.adapters import Route, block_slots, take_image  # noqa: E402
+from gcache.nodes import apply_mode, hooks, profile_mode  # noqa: E402
+from gcache.nodes.adapters import Route, block_slots  # noqa: E402
+from gcache.nodes.streams import Layout  # noqa: E402
 
 N = 6
 MASK = [1, 0, 0, 1, 0, 1]  # K = 3: a skip after every computed step, two skips in a row once
@@ -109,16 +110,25 @@ class StackObserver:
 
     def _enter(self, h):
         if self.cur.get("h") is None:
-            self.cur["h"] = h.clone()
+            self.cur["h"] = packed(h).clone()
 
-    def _leave(self, stream, layout):
-        self.cur["z"] = take_image(stream, layout, self.cur["h"].shape[1]).clone()
+    def _leave(self, stream, layout, img_slice=None):
+        """The image tokens of the last block's output, cut where ComfyUI says they are (its img_slice, since
+        2026), else where the family table says (ComfyUI 0.3.64 sets none): not with GCache's own cut."""
+        n = self.cur["h"].shape[1]
+        if isinstance(stream, (tuple, list)) or layout == Layout.IMG or layout == Layout.ALL:
+            z = packed(stream)
+        elif img_slice is not None:
+            z = stream[:, img_slice[0]:img_slice[1]]
+        else:
+            z = stream[:, stream.shape[1] - n:] if layout == Layout.TXT_FIRST else stream[:, :n]
+        self.cur["z"] = z.clone()
 
     def _dit(self, fn, slot):
         def observed(args, extra):
             self._enter(args["img"])
             out = fn(args, extra)
-            self._leave(out["img"], slot.stack.layout)
+            self._leave(out["img"], slot.stack.layout, (args.get("transformer_options") or {}).get("img_slice"))
             return out
         return observed
 
@@ -138,6 +148,13 @@ class StackObserver:
     def close(self):
         for h in self.hooks:
             h.remove()
+
+
+def packed(stream):
+    """A stream's tokens, batch first: a tuple of streams (LTX-2's video and audio) flattened side by side."""
+    if isinstance(stream, (tuple, list)):
+        return torch.cat([t.reshape(t.shape[0], -1) for t in stream], 1)
+    return stream
 
 
 def rel(a, b):
@@ -169,11 +186,11 @@ def true_E(calls):
 
 
 def apply(model, mask):
-    return hooks.patch_model(model, configs.apply_config(model, Policy(list(mask))))
+    return hooks.patch_model(model, apply_mode.apply_config(model, Policy(list(mask))))
 
 
 def profile(model, path):
-    return hooks.patch_model(model, configs.profile_config(model, path))
+    return hooks.patch_model(model, profile_mode.profile_config(model, path))
 
 
 CASES = [(name, cfg) for name in FAMILIES for cfg in (1.0, 3.0)]
@@ -295,9 +312,9 @@ def test_forecast_in_comfyui_classes(name, cfg, unet_dir):
     model, pos, neg, lat = build(name, unet_dir)
     plain = ksample(model, pos, neg, lat, cfg)
     for order in (1, 2):
-        ones = hooks.patch_model(model, configs.apply_config(model, Policy([1] * N, forecast=order)))
+        ones = hooks.patch_model(model, apply_mode.apply_config(model, Policy([1] * N, forecast=order)))
         assert torch.equal(plain, ksample(ones, pos, neg, lat, cfg))
-    obs = StackObserver(hooks.patch_model(model, configs.apply_config(model, Policy(MASK, forecast=1))),
+    obs = StackObserver(hooks.patch_model(model, apply_mode.apply_config(model, Policy(MASK, forecast=1))),
                         FAMILIES[name][1])
     try:
         ksample(obs.model, pos, neg, lat, cfg)

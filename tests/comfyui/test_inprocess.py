@@ -25,7 +25,7 @@ import tiny_models as tm  # noqa: E402
 from gcache.core.errors import GCacheError  # noqa: E402
 from gcache.core.policy import Policy  # noqa: E402
 from gcache.core.profile import Profile  # noqa: E402
-from gcache.nodes import configs, hooks, search_node  # noqa: E402
+from gcache.nodes import apply_mode, hooks, profile_mode, search_node  # noqa: E402
 from gcache.nodes.apply_node import GCacheApply  # noqa: E402
 from gcache.nodes.search_node import GCacheSearch  # noqa: E402
 
@@ -76,7 +76,7 @@ class BlockCounter:
 
 
 def apply(model, mask, **kw):
-    return hooks.patch_model(model, configs.apply_config(model, Policy(list(mask)), **kw))
+    return hooks.patch_model(model, apply_mode.apply_config(model, Policy(list(mask)), **kw))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -193,7 +193,7 @@ def test_denoise_below_one_uses_the_runs_own_steps(built, tmp_path, monkeypatch)
     from gcache.core import engine
     m, pos, neg, lat = built["flux"]
     path = str(tmp_path / "dn.profile.safetensors")
-    ksample(hooks.patch_model(m, configs.profile_config(m, path)), pos, neg, lat, denoise=0.5)
+    ksample(hooks.patch_model(m, profile_mode.profile_config(m, path)), pos, neg, lat, denoise=0.5)
     assert Profile.load(path).n_steps == N
     stats = []
     original = engine.ResidualCache.close
@@ -227,7 +227,7 @@ def test_profile_file_damaged_during_sampling_keeps_the_image_and_the_run(built,
         return real_finish(self)
     monkeypatch.setattr(core_profile.ProfileRecorder, "finish", finish_after_damage)
     with caplog.at_level("ERROR", logger="gcache"):
-        out = ksample(hooks.patch_model(m, configs.profile_config(m, str(path))), pos, neg, lat, cfg=3.0)
+        out = ksample(hooks.patch_model(m, profile_mode.profile_config(m, str(path))), pos, neg, lat, cfg=3.0)
     assert torch.equal(out, ksample(m, pos, neg, lat, cfg=3.0))  # the image is not lost
     side = tmp_path / "x.unmerged-1.profile.safetensors"
     assert Profile.load(str(side)).count == 2 and "saved as" in caplog.text
@@ -240,7 +240,7 @@ def test_load_profile_sees_changes_in_every_gcache_folder(built, gcache_dir, tmp
     folder_paths.filename_list_cache.clear()
     path = second / "p.profile.safetensors"
     m, pos, neg, lat = built["flux"]
-    ksample(hooks.patch_model(m, configs.profile_config(m, str(path))), pos, neg, lat)
+    ksample(hooks.patch_model(m, profile_mode.profile_config(m, str(path))), pos, neg, lat)
     folder_paths.filename_list_cache.clear()
     before = GCacheLoadProfile.fingerprint_inputs("p")
     os.utime(path, (1e9, 1e9))
@@ -267,15 +267,15 @@ def test_unknown_combo_values_are_refused(built, gcache_dir):
 def test_abandoned_split_recording_is_dropped_when_the_next_prompt_starts(built, tmp_path, monkeypatch):
     m, pos, neg, lat = built["wan"]
     prompt = ["p1"]
-    monkeypatch.setattr(configs.SPLITS, "prompt_id", lambda: prompt[0])
-    monkeypatch.setattr(configs.SPLITS, "_halves", {})
-    half = hooks.patch_model(m, configs.profile_config(m, str(tmp_path / "split.profile.safetensors")))
+    monkeypatch.setattr(profile_mode.SPLITS, "prompt_id", lambda: prompt[0])
+    monkeypatch.setattr(profile_mode.SPLITS, "_halves", {})
+    half = hooks.patch_model(m, profile_mode.profile_config(m, str(tmp_path / "split.profile.safetensors")))
     ksample(half, pos, neg, lat, start_step=0, last_step=3, force_full_denoise=False)
-    assert len(configs.SPLITS) == 1  # the first expert's half waits for the second sampler
+    assert len(profile_mode.SPLITS) == 1  # the first expert's half waits for the second sampler
     prompt[0] = "p2"  # the user queues something else; the second sampler never came
-    ksample(hooks.patch_model(m, configs.profile_config(m, str(tmp_path / "other.profile.safetensors"))),
+    ksample(hooks.patch_model(m, profile_mode.profile_config(m, str(tmp_path / "other.profile.safetensors"))),
             pos, neg, lat)
-    assert len(configs.SPLITS) == 0
+    assert len(profile_mode.SPLITS) == 0
 
 
 # ------------------------------------------------------------------------------------------- instant / auto
@@ -367,7 +367,7 @@ def test_policy_node_equals_theory_dp_policy(built, gcache_dir):
     from gcache.search.baselines import theory_dp_policy
     m, pos, neg, lat = built["flux"]
     path = str(gcache_dir / "t.profile.safetensors")
-    ksample(hooks.patch_model(m, configs.profile_config(m, path)), pos, neg, lat, cfg=3.0)
+    ksample(hooks.patch_model(m, profile_mode.profile_config(m, path)), pos, neg, lat, cfg=3.0)
     prof = Profile.load(path)
     pol, image = GCachePolicy.execute(prof, "K", 2.0, 3, "theory", "", "mine").result
     assert pol.mask == theory_dp_policy(prof, 3).mask and image.shape[-1] == 3
@@ -390,5 +390,5 @@ def test_profile_node_records_forecast_errors_for_a_forecast_policy(built, gcach
     pol = GCachePolicy.execute(prof, "K", 2.0, 3, "theory", "", "", "linear (1)").result[0]
     assert pol.forecast == 1 and pol.mask == instant_policy(prof, 3, "theory", forecast=1).mask
     with BlockCounter(m, "wan") as c:  # applied with forecasting: still K block runs
-        ksample(hooks.patch_model(m, configs.apply_config(m, pol)), pos, neg, lat)
+        ksample(hooks.patch_model(m, apply_mode.apply_config(m, pol)), pos, neg, lat)
     assert len(c.batches) == 3

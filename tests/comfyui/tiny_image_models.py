@@ -14,7 +14,7 @@ import torch
 
 import comfy.supported_models as sm
 
-from tiny_models import _cond, _patcher, _randomize
+from tiny_models import _cond, _patcher, _randomize, complete
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -29,7 +29,7 @@ def flux_kontext(tmpdir: str, seed: int = 0):
            "context_in_dim": 32, "hidden_size": 64, "mlp_ratio": 2.0, "num_heads": 2, "depth": 2,
            "depth_single_blocks": 2, "axes_dim": [8, 12, 12], "theta": 10000, "qkv_bias": True,
            "guidance_embed": True}
-    m = _patcher(sm.Flux, cfg, seed)
+    m = _patcher(sm.Flux, complete(cfg, "flux.model.FluxParams"), seed)
     g = _gen(seed + 1)
     ref = torch.randn(1, 16, 8, 8, generator=g)  # a (smaller) reference image latent: 16 extra image tokens
     pos = _cond(6, 32, seed + 2, pooled_output=torch.randn(1, 24, generator=g), reference_latents=[ref])
@@ -50,7 +50,7 @@ def _chroma_cfg(**over) -> dict:
 
 def chroma(tmpdir: str, seed: int = 0):
     """Chroma: model_base.Chroma inherits Flux.encode_adm (reads `pooled_output`; the T5 encoder gives None)."""
-    m = _patcher(sm.Chroma, _chroma_cfg(), seed)
+    m = _patcher(sm.Chroma, complete(_chroma_cfg(), "chroma.model.ChromaParams"), seed)
     return m, _cond(6, 32, seed + 2, pooled_output=None), _cond(6, 32, seed + 3, pooled_output=None), \
         torch.zeros(1, 16, 16, 16)
 
@@ -60,12 +60,11 @@ def chroma_radiance(tmpdir: str, seed: int = 0):
     cfg = _chroma_cfg(image_model="chroma_radiance", in_channels=3, out_channels=3, patch_size=8,
                       nerf_hidden_size=16, nerf_mlp_ratio=2, nerf_depth=1, nerf_max_freqs=4, nerf_tile_size=0,
                       nerf_final_head_type="conv", nerf_embedder_dtype=torch.float32)
-    m = _patcher(sm.ChromaRadiance, cfg, seed)
+    m = _patcher(sm.ChromaRadiance, complete(cfg, "chroma_radiance.model.ChromaRadianceParams"), seed)
     dm = m.model.diffusion_model
     with torch.no_grad():  # at 0.05-scale norms the NeRF head ignores the transformer: give its norms unit scale
-        for block in dm.nerf_blocks:
-            block.norm.scale.fill_(1.0)
-        dm.nerf_final_layer_conv.norm.scale.fill_(1.0)
+        for norm in [b.norm for b in dm.nerf_blocks] + [dm.nerf_final_layer_conv.norm]:
+            (norm.scale if hasattr(norm, "scale") else norm.weight).fill_(1.0)  # RMSNorm's scale is `weight` in 0.33
     return m, _cond(6, 32, seed + 2, pooled_output=None), _cond(6, 32, seed + 3, pooled_output=None), \
         torch.zeros(1, 3, 32, 32)
 

@@ -7,6 +7,8 @@ written as safetensors and loaded through comfy.sd.load_diffusion_model, the sto
 """
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import os
 
 import torch
@@ -19,6 +21,29 @@ import comfy.utils
 
 CPU = torch.device("cpu")
 DEVICE = comfy.model_management.get_torch_device()  # where ComfyUI samples: the GPU in bench/gpu_check.sh
+
+
+# Fields that the params dataclasses of newer ComfyUI require (0.33: FluxParams.txt_ids_dims, ChromaParams.vec_in_dim,
+# ChromaRadianceParams.use_x0, HunyuanVideoParams.use_cond_type_embedding, ...), with the value comfy.model_detection
+# gives a plain model of the family. A required field this table lacks fails the builder with its name.
+PLAIN = {"txt_ids_dims": [], "vec_in_dim": None, "use_x0": False, "use_sequential_txt_ids": False,
+         "use_cond_type_embedding": False, "vision_in_dim": None, "meanflow_sum": False}
+
+
+def complete(cfg: dict, params: str) -> dict:
+    """`cfg` plus every field the params dataclass `params` ("module.Class" under comfy.ldm) requires and cfg
+    lacks, so that one builder works on every ComfyUI version."""
+    module, cls = params.rsplit(".", 1)
+    fields = dataclasses.fields(getattr(importlib.import_module("comfy.ldm." + module), cls))
+    out = dict(cfg)
+    for f in fields:
+        if f.name in out or f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
+            continue
+        if f.name not in PLAIN:
+            raise KeyError(f"{params} requires {f.name!r}, which tests/comfyui/tiny_models.PLAIN does not know: "
+                           "add the value comfy.model_detection gives a plain model")
+        out[f.name] = PLAIN[f.name]
+    return out
 
 
 def _randomize(module: torch.nn.Module, seed: int, scale: float = 0.05) -> None:
@@ -50,7 +75,7 @@ def flux(seed: int = 0, hidden_size: int = 64, depth: int = 2, side: int = 16):
            "context_in_dim": 32, "hidden_size": hidden_size, "mlp_ratio": 2.0, "num_heads": hidden_size // 32,
            "depth": depth, "depth_single_blocks": depth, "axes_dim": [8, 12, 12], "theta": 10000, "qkv_bias": True,
            "guidance_embed": False}
-    m = _patcher(sm.Flux, cfg, seed)
+    m = _patcher(sm.Flux, complete(cfg, "flux.model.FluxParams"), seed)
     g = torch.Generator().manual_seed(seed + 1)
     pos = _cond(6, 32, seed + 2, pooled_output=torch.randn(1, 24, generator=g))
     neg = _cond(6, 32, seed + 3, pooled_output=torch.randn(1, 24, generator=g))
@@ -69,10 +94,11 @@ def _wan_state_dict(seed: int) -> dict:
 def _hunyuan_state_dict(seed: int) -> dict:
     from comfy.ldm.hunyuan_video.model import HunyuanVideo
     # detection fixes vec_in_dim=768 and mlp_ratio=4; width, heads (width // 128) and depths come from weights
-    net = HunyuanVideo(image_model="hunyuan_video", in_channels=16, out_channels=16, vec_in_dim=768,
-                       context_in_dim=32, hidden_size=128, mlp_ratio=4.0, num_heads=1, depth=2,
-                       depth_single_blocks=2, axes_dim=[16, 56, 56], theta=256, patch_size=[1, 2, 2],
-                       qkv_bias=True, guidance_embed=False, byt5=False, meanflow=False, operations=_ops())
+    cfg = dict(in_channels=16, out_channels=16, vec_in_dim=768, context_in_dim=32, hidden_size=128, mlp_ratio=4.0,
+               num_heads=1, depth=2, depth_single_blocks=2, axes_dim=[16, 56, 56], theta=256, patch_size=[1, 2, 2],
+               qkv_bias=True, guidance_embed=False, byt5=False, meanflow=False)
+    net = HunyuanVideo(image_model="hunyuan_video", operations=_ops(),
+                       **complete(cfg, "hunyuan_video.model.HunyuanVideoParams"))
     _randomize(net, seed)
     return net.state_dict()
 

@@ -1,0 +1,164 @@
+"""GCache Profile's mode: sample normally and add the run's block-stack residual errors to a profile file.
+Also the one owner of half-recorded split runs (Wan 2.2's two experts). Imports ComfyUI."""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from ..core.engine import CacheStats, ResidualCache, format_bytes
+from ..core.errors import GCacheError
+from ..core.profile import Profile, ProfileRecorder
+from . import artifacts
+from .run_config import RunConfig, where_run
+from .runtime import RunState
+from .steps import Schedule
+
+log = logging.getLogger("gcache")
+
+
+@dataclass
+class _Half:
+    """The first part of a split schedule, recorded, waiting for the sampler of the remaining steps."""
+    recorder: Optional[ProfileRecorder]  # None: a duplicate run, recorded by nobody
+    key: str                             # the sample key of the whole run (taken in its first part)
+    end: int                             # the global step the next part must start at
+    sigmas: list[float]                  # the full schedule
+    prompt: Optional[str]
+
+
+class PendingSplits:
+    """The one owner of half-recorded split profiles (Wan 2.2's two experts: two samplers, two model clones,
+    one profile file). Module-level because the two halves belong to different clones; keyed by profile
+    file. Lifetime: the prompt that started them. A new prompt drops what an earlier one left (an abandoned half
+    keeps its residual history, possibly on the GPU) as soon as any GCache node samples, and a new first half
+    replaces an older one of the same file."""
+
+    def __init__(self, prompt_id: Callable[[], Optional[str]]):
+        self.prompt_id = prompt_id
+        self._halves: dict[str, _Half] = {}
+
+    def expire(self) -> None:
+        now = self.prompt_id()
+        for path in [p for p, h in self._halves.items() if now is not None and h.prompt != now]:
+            log.info("GCache Profile: dropping the unfinished split recording of %s from an earlier prompt.",
+                     os.path.basename(path))
+            del self._halves[path]
+
+    def continues(self, path: str, sched: Schedule) -> bool:
+        h = self._halves.get(path)
+        return h is not None and h.end == sched.offset and h.sigmas == sched.sigmas
+
+    def take(self, path: str, sched: Schedule) -> Optional[_Half]:
+        return self._halves.pop(path) if self.continues(path, sched) else None
+
+    def put(self, path: str, half: _Half) -> None:
+        self._halves[path] = half  # one per profile file; halves of earlier prompts are dropped by expire()
+
+    def __len__(self) -> int:
+        return len(self._halves)
+
+
+def _prompt_id() -> Optional[str]:
+    try:
+        from comfy_execution.utils import get_executing_context
+    except ImportError:  # an older ComfyUI: halves then live until consumed or replaced
+        return None
+    ctx = get_executing_context()
+    return getattr(ctx, "prompt_id", None) if ctx is not None else None
+
+
+SPLITS = PendingSplits(_prompt_id)
+
+
+@dataclass
+class ProfileConfig(RunConfig):
+    profile_path: str = ""
+    history_device: Optional[str] = None
+    forecast: bool = False           # also record E1 (the order-1 forecast errors) for forecast policies
+
+    def check_file(self) -> Optional[Profile]:
+        """The profile already in the file (None if there is none); a damaged file stops here, before any
+        sampling, with what to do."""
+        try:
+            return artifacts.load_profile_opt(self.profile_path)
+        except GCacheError as e:
+            raise GCacheError(f"{e} (profile file {self.profile_path}; GCache Profile adds to it, so it must be "
+                              "readable before sampling starts)") from None
+
+    def start_run(self, patcher, run_sigmas: list[float], sample_key: Callable[[], str]) -> RunState:
+        path = self.profile_path
+        SPLITS.expire()
+        sched, times, tracker = where_run(patcher, run_sigmas, None, lambda s: not SPLITS.continues(path, s))
+        meta = {"family": self.adapter.name, "model": self.model_name, "schedule": sched.source,
+                "io_share": round(self.io_share, 4)}
+        half = SPLITS.take(path, sched)
+        if half is not None:  # the second sampler of a split schedule continues the first one's record
+            recorder, key = half.recorder, half.key
+        else:
+            old = self.check_file()
+            if old is not None:
+                try:
+                    old.check_compatible(Profile.empty(times, sched.sigmas[:-1], meta))
+                except GCacheError as e:
+                    raise GCacheError(f"{e} (profile file {path})") from None
+            key = sample_key()
+            recorder = ProfileRecorder(times, sched.sigmas[:-1], meta, history_device=self.history_device,
+                                       forecast=self.forecast)
+            if old is not None and key in old.sample_keys:
+                log.info("GCache Profile: this run (same seed, conditioning, latent and schedule) is already in %s; "
+                         "it is sampled but not added again.", os.path.basename(path))
+                recorder = None
+
+        def finish(run: RunState, stats: CacheStats, ok: bool):
+            self.warn_if_unpatched(run, stats)
+            if not ok:
+                log.info("GCache Profile: sampling did not finish; nothing was added.")
+                return
+            if run.disabled is not None:
+                log.info("GCache Profile: this run recorded nothing (%s); nothing was added.", run.disabled)
+                return
+            if sched.end < sched.n_global:
+                SPLITS.put(path, _Half(recorder, key, sched.end, sched.sigmas, SPLITS.prompt_id()))
+                if recorder is not None:
+                    log.info("GCache Profile: recorded %s (%s held); waiting for the sampler of the remaining "
+                             "steps.", sched.where(), format_bytes(recorder.peak_bytes))
+                return
+            if recorder is None:
+                return
+            prof = recorder.finish()
+            if prof.count == 0:
+                log.warning("GCache Profile: no branch recorded every step; nothing was added.")
+                return
+            prof.meta["sample_keys"] = [key]
+            self._add(prof, sched)
+
+        return RunState(lambda: ResidualCache(None, recorder=recorder), tracker, self.owner, on_close=finish)
+
+    def _add(self, prof: Profile, sched: Schedule) -> bool:
+        """Merge into the file. A file damaged or replaced during sampling, or a folder that cannot be written,
+        must not cost the user the image: the run goes to a file of its own if it can, and the log says what
+        happened. Returns whether the run is in the profile file."""
+        try:
+            total = artifacts.merge_into_file(self.profile_path, prof)
+        except (GCacheError, OSError) as e:
+            try:
+                side = artifacts.unique_beside(self.profile_path, "unmerged")
+                prof.save(side)
+                where = f"The run was saved as {side} instead."
+            except OSError as e2:
+                where = f"It could not be saved beside it either ({e2}); it is lost, the image is not."
+            log.error("GCache Profile: could not add this run to %s (%s). %s", self.profile_path, e, where)
+            return False
+        log.info("GCache Profile: added %d sample(s) over %s to %s (%d runs in total).", prof.count,
+                 sched.where(), self.profile_path, int(total.meta.get("runs", 0)))
+        return True
+
+
+def profile_config(model, profile_path: str, history_device: Optional[str] = None,
+                   forecast: bool = False) -> ProfileConfig:
+    cfg = ProfileConfig(**RunConfig.describe(model.get_model_object("diffusion_model")), profile_path=profile_path,
+                        history_device=history_device, forecast=forecast)
+    cfg.check_file()
+    return cfg
