@@ -30,10 +30,11 @@ def main(argv=None) -> dict:
     a = ap.parse_args(argv)
     import ray
     import torch
+    from ..reference_model.cluster import ReferenceWorker
     from ..reference_model.harness import ReferenceHarness
-    from ..reference_model.search import parse_seeds
     from ..search.bilevel import SearchConfig, run_search
-    from ..search.cluster import RayExecutor, ReferenceWorker
+    from ..search.cli import parse_seeds
+    from ..search.ray_executor import RayExecutor
     from ..search.objectives import make_objective, psnr
     from ..search.parallel import run_search_parallel
     torch.set_num_threads(1)

@@ -88,11 +88,11 @@ def gp_timing(n: int, dim: int = 4, iters: int = 10) -> dict:
 
 
 def run_n(n_steps, args, objective, lpips_net, harness_factory=None) -> dict:
+    from ..reference_model.harness import ReferenceHarness
     from ..search.baselines import all_baselines
     from ..search.bilevel import SearchConfig, run_search
+    from ..search.cli import parse_seeds
     from ..search.instant import instant_policy
-    from ..reference_model.harness import ReferenceHarness
-    from ..reference_model.search import parse_seeds
     h = harness_factory(n_steps) if harness_factory else ReferenceHarness(n_steps)
     search_seeds, eval_seeds = parse_seeds(args.search_seeds), parse_seeds(args.eval_seeds)
     profile = h.profile(search_seeds, forecast=True)  # E and the order-1 forecast errors E1
@@ -203,7 +203,7 @@ def main(argv=None, harness_factory=None) -> dict:
     ap.add_argument("--gp-n", type=int, default=0, help="also time one GP step at this many observations (e.g. 500)")
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args(argv)
-    from ..reference_model.search import set_threads
+    from ..search.cli import set_threads
     from ..search.objectives import lpips_available, load_lpips, make_objective
     set_threads(a.threads)
     if a.quick:

@@ -55,10 +55,5 @@ def sample(model: TinyDiT, labels: Sequence[int], seeds: Sequence[int], n_steps:
     return x
 
 
-def step_times(n_steps: int, shift: float = 2.0) -> list[float]:
-    """Normalized time of each sampler step (t = σ for flow matching)."""
-    return flow_sigmas(n_steps, shift)[:-1].tolist()
-
-
 def to_unit(images: torch.Tensor) -> torch.Tensor:
     return ((images.clamp(-1, 1) + 1) / 2).float()

@@ -1,11 +1,19 @@
 """GCache search (torch/numpy/sklearn, never ComfyUI): one concept per module.
 
-    dp.py          the exact inner DP (Algorithm 1): dp_mask(E, w, K) -> (mask, bound)
-    gp.py          the outer GP-LCB proposer (Algorithm 2, Appendix D.3)
-    bilevel.py     SearchConfig, run_search (resumable state file), SearchResult, SearchInterrupted
-    objectives.py  make_objective("lpips_ssim" | "ssim" | "psnr"), psnr, ssim, LPIPSUnavailable
-    baselines.py   uniform / TeaCache-like / local DP / theory DP policies at the same K
-    plots.py       plot_search, plot_profile (Pillow images)
+    dp.py                the exact inner DP (Algorithm 1): dp_mask(E, w, K) -> (mask, bound)
+    dp_forecast.py       the same DP for masks applied with order-1 forecasting (E1)
+    gp.py                the outer GP-LCB proposer (Algorithm 2, Appendix D.3), GP-BUCB pending points
+    instant.py           instant policies: the DP under analytic weights (theory, local, given s)
+    baselines.py         uniform / TeaCache-like / local DP / theory DP policies at the same K
+    bilevel.py           SearchConfig, the search loop (run_search; run_batch_search with q in flight), SearchResult
+    state.py             the search's resumable state file (SearchState, load_state)
+    parallel.py          run_search_parallel and ThreadExecutor: several evaluations in flight
+    ray_executor.py      RayExecutor: evaluations on Ray actors (optional extra)
+    comfyui_worker.py    a search worker that drives a ComfyUI server through its HTTP API
+    objectives.py        make_objective("lpips_ssim" | "ssim" | "psnr"), psnr, ssim, LPIPSUnavailable
+    backbone_download.py LPIPS's AlexNet weights, fetched on first use
+    plots.py             plot_search, plot_policy, plot_profile (Pillow images)
+    cli.py               what the command-line tools share: seed lists, thread pinning
 
 Modules are imported by name (e.g. `from gcache.search.bilevel import run_search`) so that importing the
 package stays cheap (scikit-learn and lpips load only when used).

@@ -5,6 +5,8 @@
              the sum passes a threshold (then reset); the threshold is bisected to give exactly K;
 - local_dp:  the exact DP with w = 0 (every reuse error counts the same wherever it happens);
 - theory_dp: the exact DP with Theorem 3.3's analytic exponent w_j = ln(h_j L_out) + Σ_{m>j} h_m L.
+The two DP baselines are instant.py's policies of those names: one definition for the baselines, the nodes and
+the search's start masks.
 """
 from __future__ import annotations
 
@@ -15,8 +17,6 @@ import numpy as np
 from ..core.errors import GCacheError
 from ..core.policy import Policy, check_budget
 from ..core.profile import Profile
-from ..core.weights import analytic_w
-from .dp import dp_mask
 from .instant import instant_policy
 
 
@@ -89,15 +89,8 @@ def local_dp_policy(profile: Profile, k: int) -> Policy:
     return instant_policy(profile, k, "local")
 
 
-def theory_dp_policy(profile: Profile, k: int, lipschitz: float = 1.0, lipschitz_out: float = 1.0,
-                     times_with_end: Optional[Sequence[float]] = None) -> Policy:
-    """`times_with_end`: the N + 1 normalized times incl. the final one (default: the profile's times + 0)."""
-    t = list(times_with_end) if times_with_end is not None else [float(x) for x in profile.times] + [0.0]
-    if len(t) != profile.n_steps + 1:
-        raise GCacheError(f"theory_dp_policy needs {profile.n_steps + 1} times (the N steps and the end), got {len(t)}.")
-    w = analytic_w(t, lipschitz, lipschitz_out)
-    mask, cost = dp_mask(profile.E, w, k)
-    return _policy(mask, profile, "theory_dp", k=k, lipschitz=lipschitz, lipschitz_out=lipschitz_out, bound=cost)
+def theory_dp_policy(profile: Profile, k: int) -> Policy:
+    return instant_policy(profile, k, "theory")
 
 
 def all_baselines(profile: Profile, k: int) -> dict[str, Policy]:

@@ -2,65 +2,66 @@
 
     s ──DP(E, w(t; s), K)──► mask ──evaluate(mask)──► loss        (evaluate: sampling + decode vs. full run)
 
-- The first evaluations are the instant masks (theory DP, local DP) and the TeaCache-like mask for the same K,
-  then the 2^{d+1} start grid, then GP-LCB. The result keeps the best measured mask, so the search never returns
-  something it measured worse than an instant policy (and, with per-seed losses, replaces the best instant mask
-  only when the gain exceeds NOISE_Z paired standard errors: the winner of many noisy comparisons overfits); the Policy says which method won and, when `evaluate`
-  returns per-seed losses, the paired difference to the theory-DP instant policy (mean ± s.e. over seeds).
-- Every distinct mask is evaluated once; another s that gives a known mask reuses its loss (recorded as
-  `reused` in the history; the GP still sees the new (s, loss) point).
-- After every evaluation the whole state is written atomically to `state_path` (JSON). A search started
-  again with the same config, profile and provenance resumes from it, losing at most the evaluation that
-  was running; with the same seed it ends with the same policy as an uninterrupted run.
-- `budget` counts evaluations in the history (instant masks and start grid included). At the end the GP is refit on all of
-  them, s_μ = argmin μ(s) gives one more mask (evaluated if new); the result keeps the better measured of
+- The first evaluations are the start masks: the instant masks (theory DP, local DP) and the TeaCache-like mask
+  for the same K, then the caller's extra masks; then the 2^{d+1} start grid, then GP-LCB. The result keeps the
+  best measured mask, so the search never returns something it measured worse than an instant policy (and, with
+  per-seed losses, replaces the best instant mask only when the gain exceeds NOISE_Z paired standard errors: the
+  winner of many noisy comparisons overfits); the Policy says which method won and, when `evaluate` returns
+  per-seed losses, the paired difference to the theory-DP instant policy (mean ± s.e. over seeds).
+- One loop, `run_batch_search`, keeps up to q evaluations in flight on an Executor (parallel.ThreadExecutor,
+  ray_executor.RayExecutor). A GP proposal made while others are out sees them as observed at the GP's posterior
+  mean (GP-BUCB: the mean does not move, the uncertainty around them shrinks), so a batch spreads out instead of
+  proposing one point q times. Results come back out of order: a history entry gets its index when it completes,
+  and the κ schedule follows that index. `run_search` is this loop with q = 1 and evaluate() called in this
+  process: the sequential search.
+- Every distinct mask is evaluated once (also across masks still out); another s that gives a known mask reuses
+  its loss (recorded as `reused` in the history; the GP still sees the new (s, loss) point).
+- The state file (state.py) is written atomically after every result and before every dispatch. A search started
+  again with the same config, profile and provenance resumes from it, dispatching again what was out (at most q
+  evaluations lost); with q = 1 and the same seed it ends with the same policy as an uninterrupted run.
+- `budget` counts evaluations in the history (start masks and start grid included). At the end the GP is refit on
+  all of them, s_μ = argmin μ(s) gives one more mask (evaluated if new); the result keeps the better measured of
   that mask and the best evaluated one.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
-import os
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 import numpy as np
 
 from ..core.errors import GCacheError
-from ..core.files import atomic_write_text
 from ..core.policy import Policy, check_budget
 from ..core.profile import Profile
 from ..core.weights import bernstein_w
+from .baselines import teacache_mask
 from .dp import dp_mask
 from .dp_forecast import dp_mask_forecast
 from .gp import GPLCB, kappa_schedule, start_grid
+from .instant import instant_policy
+from .state import SearchState
 
 log = logging.getLogger("gcache")
-STATE_FORMAT = "gcache.search_state"
-STATE_VERSION = 2  # 2: instant masks first (history entries without s); version-1 states are refused
 SEARCH_MAX_DEGREE = 4  # GP dimension d + 1 ≤ 5 and a 2^(d+1) start grid (core.weights allows 8)
-
-
-N_INSTANT = 3  # theory DP, local DP, TeaCache-like: evaluated first
 NOISE_Z = 2.0  # a searched mask must beat the best instant one by this many paired standard errors over seeds
+
+# The instant masks the search measures first: the instant DP masks for the order the search applies (and, when
+# forecasting, the reuse-optimal theory mask too), then the TeaCache-like one. name -> (instant method, order)
+INSTANT_MASKS = {0: {"theory_dp": ("theory", 0), "local_dp": ("local", 0), "teacache": None},
+                 1: {"theory_dp_forecast": ("theory", 1), "local_dp_forecast": ("local", 1), "theory_dp": ("theory", 0),
+                     "teacache": None}}
 
 
 def instant_masks(profile: Profile, k: int, forecast: int = 0) -> list[tuple[str, list]]:
-    """The masks the search measures first (method name, mask): the instant DP masks for the order the search
-    applies, and (for forecasting) the reuse-optimal theory mask too, then the TeaCache-like one."""
-    from .baselines import teacache_mask
-    from .instant import instant_policy
-    if forecast:
-        return [("theory_dp_forecast", instant_policy(profile, k, "theory", forecast=1).mask),
-                ("local_dp_forecast", instant_policy(profile, k, "local", forecast=1).mask),
-                ("theory_dp", instant_policy(profile, k, "theory").mask),
-                ("teacache", teacache_mask(profile.rel_h, k)[0])]
-    return [("theory_dp", instant_policy(profile, k, "theory").mask),
-            ("local_dp", instant_policy(profile, k, "local").mask),
-            ("teacache", teacache_mask(profile.rel_h, k)[0])]
+    """(method name, mask) of the instant masks, in the order the search measures them."""
+    def mask(how) -> list:
+        return teacache_mask(profile.rel_h, k)[0] if how is None else \
+            instant_policy(profile, k, how[0], forecast=how[1]).mask
+    return [(name, mask(how)) for name, how in INSTANT_MASKS[1 if forecast else 0].items()]
 
 
 def start_masks(profile: Profile, config: SearchConfig,
@@ -94,17 +95,17 @@ class SearchConfig:
     log_loss: bool = True   # the GP models log(loss) when losses are ≥ 0 (they span decades; see gp_targets)
     forecast: int = 0       # the order masks are applied with (evaluate must apply it); 1 and 2 use the order-1 DP
 
-    def validate(self, n_steps: int) -> None:
+    def validate(self, n_steps: int, n_extra_masks: int = 0) -> None:
+        """Raises on a config that can't search N = n_steps; `n_extra_masks`: the caller's extra start masks."""
         check_budget(self.k, n_steps)
         if not isinstance(self.degree, int) or not 1 <= self.degree <= SEARCH_MAX_DEGREE:
             raise GCacheError(f"degree must be a whole number in 1..{SEARCH_MAX_DEGREE} (the paper uses 3), got {self.degree!r}.")
         if self.forecast not in (0, 1, 2):
             raise GCacheError(f"forecast must be 0 (reuse), 1 or 2, got {self.forecast!r}.")
-        grid = 2 ** (self.degree + 1)
-        n_instant = N_INSTANT + (1 if self.forecast else 0)
-        least = n_instant + grid + 1
+        starts, grid = len(INSTANT_MASKS[1 if self.forecast else 0]) + n_extra_masks, 2 ** (self.degree + 1)
+        least = starts + grid + 1  # the GP proposes at least once
         if not isinstance(self.budget, int) or self.budget < least:
-            raise GCacheError(f"budget = {self.budget!r} evaluations covers at most the {n_instant} instant masks and the "
+            raise GCacheError(f"budget = {self.budget!r} evaluations covers at most the {starts} start masks and the "
                               f"{grid}-point start grid of degree {self.degree}, so the GP would never propose a mask: "
                               f"the minimum useful budget is {least} (the paper uses 500). For no search at all, use "
                               "GCache Policy's instant policy.")
@@ -146,254 +147,196 @@ def gp_targets(losses, log_loss: bool) -> np.ndarray:
     return np.log(np.maximum(y, 1e-12)) if log_loss and y.min() >= 0 else y
 
 
-def profile_identity(profile: Profile) -> dict:
-    h = hashlib.sha256()
-    h.update(np.ascontiguousarray(profile.E, dtype=np.float64).tobytes())
-    h.update(np.ascontiguousarray(profile.times, dtype=np.float64).tobytes())
-    return {"n_steps": int(profile.n_steps), "sha256": h.hexdigest()[:16], "count": int(profile.count)}
+class Executor(Protocol):
+    """Where evaluations run: InProcessExecutor, parallel.ThreadExecutor, ray_executor.RayExecutor."""
+    def submit(self, mask: list) -> Any: ...
+    def wait(self, handles: list) -> list: ...      # blocks until at least one is finished; returns those
+    def result(self, handle: Any) -> Any: ...       # a loss, or the per-seed losses
 
 
-def _state_key(config: SearchConfig, prof_id: dict, provenance: dict) -> str:
-    blob = json.dumps({"config": config.identity(), "profile": prof_id, "provenance": provenance},
-                      sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+class InProcessExecutor:
+    """evaluate(mask) in this process, called when the search waits for it (so its exceptions reach the caller
+    after the state file says what was out)."""
+
+    def __init__(self, evaluate: Callable[[list], Any]):
+        self.evaluate, self.submitted, self.masks, self.results = evaluate, 0, {}, {}
+
+    def submit(self, mask: list) -> int:
+        self.submitted += 1
+        self.masks[self.submitted] = list(mask)
+        return self.submitted
+
+    def wait(self, handles: list) -> list:
+        h = handles[0]
+        self.results[h] = self.evaluate(self.masks.pop(h))
+        return [h]
+
+    def result(self, handle: int) -> Any:
+        return self.results.pop(handle)
 
 
-# ---------------------------------------------------------------------------------------------- state file
-def load_state(path: str) -> dict:
-    """Read and check a state file; never modifies it."""
-    name = os.path.basename(path)
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            state = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise GCacheError(f"The search state {path} is unreadable or damaged ({e}). It was left as it is: delete it "
-                          "to start the search over, or choose another state file name.") from None
-    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-        raise GCacheError(f"{name} is not a GCache search state (no 'format': '{STATE_FORMAT}'). It was left "
-                          "untouched: choose another state file name.")
-    if state.get("version") != STATE_VERSION:
-        raise GCacheError(f"{name} has search-state version {state.get('version')!r}; this GCache reads "
-                          f"{STATE_VERSION}. Delete it to search again, or use the GCache version that wrote it.")
-    try:
-        dim = int(state["config"]["degree"]) + 1
-        n = int(state["profile"]["n_steps"])
-
-        def number(v) -> bool:
-            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-        def mask_ok(m) -> bool:
-            return isinstance(m, str) and len(m) == n and not set(m) - {"0", "1"} and m[0] == "1"
-
-        if not isinstance(state["history"], list) or not isinstance(state["masks"], dict):
-            raise ValueError("bad history or masks")
-        for j, h in enumerate(state["history"]):
-            s_ok = (h.get("kind") == "instant" and h["s"] is None and isinstance(h.get("method"), str)) or (
-                isinstance(h["s"], list) and len(h["s"]) == dim and all(number(v) for v in h["s"]))
-            if not (isinstance(h, dict) and h.get("i") == j and s_ok and mask_ok(h["mask"]) and number(h["loss"])):
-                raise ValueError(f"bad history entry {j}")
-        for key, m in state["masks"].items():
-            if not (mask_ok(key) and isinstance(m, dict) and number(m["loss"])):
-                raise ValueError("bad mask entry")
-        theta = state["gp"]["theta"]
-        if theta is not None and not (isinstance(theta, list) and len(theta) == dim + 2 and all(number(v) for v in theta)):
-            raise ValueError("bad GP hyperparameters")
-        if not isinstance(state["done"], bool) or (state["done"] and not (
-                isinstance(state["final"], dict) and mask_ok(state["final"].get("mask"))
-                and number(state["final"].get("loss")))):
-            raise ValueError("bad final entry")
-        if not isinstance(state["fingerprint"], str):
-            raise ValueError("bad fingerprint")
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise GCacheError(f"{name} is damaged ({e!r}). It was left untouched: delete it to start the search over.") from None
-    return state
-
-
-def _differences(state: dict, config: SearchConfig, prof_id: dict, provenance: dict) -> str:
-    """What differs between a state file's search and this one, in words."""
-    old_cfg, new_cfg = dict(state.get("config") or {}), config.identity()
-    diffs = [f"{k}: file {old_cfg.get(k)!r}, now {v!r}" for k, v in new_cfg.items() if old_cfg.get(k) != v]
-    old_prof = state.get("profile") or {}
-    if old_prof.get("n_steps") != prof_id["n_steps"]:
-        diffs.append(f"profile steps N: file {old_prof.get('n_steps')}, now {prof_id['n_steps']}")
-    elif old_prof.get("sha256") != prof_id["sha256"]:
-        diffs.append(f"profile: file {old_prof.get('sha256')}, now {prof_id['sha256']} (another profile of the same N)")
-    old_prov = state.get("provenance") or {}
-    if old_prov != provenance:
-        keys = sorted(k for k in set(old_prov) | set(provenance) if old_prov.get(k) != provenance.get(k))
-        diffs.append("provenance differs in " + ", ".join(keys)
-                     + (" (another ComfyUI workflow)" if "workflow_sha256" in keys else ""))
-    return "; ".join(diffs) or "its fingerprint differs"
-
-
-def _new_state(config: SearchConfig, fp: str, prof_id: dict, provenance: dict) -> dict:
-    return {"format": STATE_FORMAT, "version": STATE_VERSION, "fingerprint": fp, "config": asdict(config),
-            "profile": prof_id, "provenance": provenance, "history": [], "masks": {}, "gp": {"theta": None},
-            "final": None, "done": False}
-
-
-def open_state(state_path: Optional[str], config: SearchConfig, profile: Profile, provenance: dict) -> dict:
-    """The search's state: the one in `state_path` when it belongs to this search (a larger budget continues it),
-    else a new one. A state file of another search is refused and left untouched."""
-    prof_id = profile_identity(profile)
-    fp = _state_key(config, prof_id, provenance)
-    if not (state_path and os.path.exists(state_path)):
-        return _new_state(config, fp, prof_id, provenance)
-    state = load_state(state_path)
-    if state["fingerprint"] != fp:
-        raise GCacheError(
-            f"{os.path.basename(state_path)} belongs to another search ({_differences(state, config, prof_id, provenance)}). "
-            "It was left untouched: use another state file name, or delete it to start over.")
-    state["config"]["budget"] = config.budget
-    if len(state["history"]) < config.budget:
-        state["done"], state["final"] = False, None  # a larger budget continues the search
-    return state
-
-
-def search_plan(profile: Profile, config: SearchConfig, extra_masks: Sequence[tuple[str, Sequence[int]]] = ()
-                ) -> tuple[list, np.ndarray, GPLCB]:
-    """What a search evaluates before the GP proposes (start masks, start grid) and its GP; the budget must leave
-    at least one GP proposal."""
-    grid = start_grid(config.degree + 1, config.s_min, config.s_max)
-    gp = GPLCB(config.degree + 1, config.s_min, config.s_max, config.seed, config.n_candidates, config.n_polish,
-               config.warm_maxiter, config.cold_every)
-    starts = start_masks(profile, config, extra_masks)
-    if config.budget < len(starts) + len(grid) + 1:
-        raise GCacheError(f"budget = {config.budget} covers only the {len(starts)} start masks and the {len(grid)}-point "
-                          f"start grid: the minimum useful budget is {len(starts) + len(grid) + 1}.")
-    return starts, grid, gp
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 # ---------------------------------------------------------------------------------------------- search
-def run_search(profile: Profile, config: SearchConfig, evaluate: Callable[[list], float],
+def run_search(profile: Profile, config: SearchConfig, evaluate: Callable[[list], Any],
                state_path: Optional[str] = None, progress: Optional[Callable[[dict], None]] = None,
                should_stop: Optional[Callable[[], bool]] = None, provenance: Optional[dict] = None,
                extra_masks: Sequence[tuple[str, Sequence[int]]] = ()) -> SearchResult:
-    """Search s; `evaluate(mask) -> loss` (or per-seed losses) samples under the mask. `extra_masks` (name, mask)
-    are measured first too, after the instant ones (e.g. the reuse search's result for a forecast search).
-    See the module docstring."""
+    """The sequential search: `evaluate(mask) -> loss` (or per-seed losses) samples under the mask, one at a time.
+    `extra_masks` (name, mask) are measured first too, after the instant ones (e.g. the reuse search's result for a
+    forecast search). See the module docstring."""
+    return run_batch_search(profile, config, InProcessExecutor(evaluate), 1, state_path, provenance, extra_masks,
+                            progress, should_stop)
+
+
+def run_batch_search(profile: Profile, config: SearchConfig, executor: Executor, q: int = 1,
+                     state_path: Optional[str] = None, provenance: Optional[dict] = None,
+                     extra_masks: Sequence[tuple[str, Sequence[int]]] = (),
+                     progress: Optional[Callable[[dict], None]] = None,
+                     should_stop: Optional[Callable[[], bool]] = None) -> SearchResult:
+    """The search with up to q evaluations in flight on `executor`. See the module docstring."""
     if not isinstance(profile, Profile):
-        raise GCacheError("run_search needs a GCache Profile (profile the model first).")
+        raise GCacheError("The search needs a GCache Profile (profile the model first).")
+    if not isinstance(q, int) or q < 1:
+        raise GCacheError(f"q (evaluations in flight) must be a whole number ≥ 1, got {q!r}.")
     n = profile.n_steps
-    config.validate(n)
+    config.validate(n, len(extra_masks))
     E, times = profile.E, np.asarray(profile.times, dtype=np.float64)
     if E.shape != (n, n) or times.shape != (n,):
         raise GCacheError(f"The profile is inconsistent: E is {E.shape} and has {times.size} times for {n} steps.")
-    provenance = json.loads(json.dumps(dict(provenance or {}), default=str))
-    state = open_state(state_path, config, profile, provenance)
-
-    def save():
-        if state_path:
-            atomic_write_text(state_path, json.dumps(state, indent=1, allow_nan=False))
-
-    instant, grid, gp = search_plan(profile, config, extra_masks)
-    n_gp_iters = config.budget - len(instant) - len(grid)
-    t_start = time.perf_counter()
-    log.info("GCache Search: N = %d, K = %d, budget %d (%d instant masks, %d start grid, %d GP), %s seeds, "
-             "objective %s; %s.", n, config.k, config.budget, len(instant), len(grid), max(n_gp_iters, 0),
-             len(provenance.get("seeds", [])) or "?", config.objective,
-             f"resumed at evaluation {len(state['history'])}" if state["history"] else "starting")
-    every = max(1, config.budget // 10)
-
     E1 = profile.E1 if config.forecast else None  # a profile without forecast errors stops here, with the fix
+    provenance = json.loads(json.dumps(dict(provenance or {}), default=str))
+    state = SearchState.open(state_path, config, profile, provenance)
+    starts = start_masks(profile, config, extra_masks)
+    grid = start_grid(config.degree + 1, config.s_min, config.s_max)
+    gp = GPLCB(config.degree + 1, config.s_min, config.s_max, config.seed, config.n_candidates, config.n_polish,
+               config.warm_maxiter, config.cold_every)
+    n_gp = config.budget - len(starts) - len(grid)
 
     def mask_for(s) -> tuple[list, float]:
-        if E1 is not None:
-            return dp_mask_forecast(E, E1, bernstein_w(times, s), config.k)
-        return dp_mask(E, bernstein_w(times, s), config.k)
+        w = bernstein_w(times, s)
+        return dp_mask_forecast(E, E1, w, config.k) if E1 is not None else dp_mask(E, w, config.k)
 
-    def measure(mask: list, i: int) -> tuple[float, float, bool]:
-        key = mask_key(mask)
-        if key in state["masks"]:
-            return state["masks"][key]["loss"], 0.0, True
-        t0 = time.perf_counter()
-        raw = evaluate(list(mask))
-        secs = time.perf_counter() - t0
-        per_seed = None
-        try:
-            if isinstance(raw, (list, tuple, np.ndarray)):  # one loss per seed: kept for paired comparisons
-                per_seed = [float(v) for v in raw]
-                loss = float(np.mean(per_seed)) if per_seed and all(map(math.isfinite, per_seed)) else float("nan")
-            else:
-                loss = float(raw)
-        except (TypeError, ValueError):
-            loss = float("nan")
-        if not math.isfinite(loss):
-            raise GCacheError(f"The evaluation of mask {key} returned {loss!r}, not a finite loss (the run diverged or "
-                              f"the objective failed). The state file keeps the {len(state['history'])} evaluations "
-                              "before it; fix the evaluation and run the search again to resume.")
-        state["masks"][key] = {"loss": loss, "seconds": round(secs, 4), "first": i}
-        if per_seed is not None:
-            state["masks"][key]["per_seed"] = per_seed
-        return loss, secs, False
-
-    def report(entry: dict):
-        if progress:
-            progress({"iteration": len(state["history"]), "budget": config.budget, "evaluations": len(state["masks"]),
-                      "best_loss": min(h["loss"] for h in state["history"]), **entry})
-
-    while len(state["history"]) < config.budget and not state["done"]:
-        if should_stop and should_stop():
-            save()
-            raise SearchInterrupted(f"Search stopped after {len(state['history'])} of {config.budget} iterations; "
-                                    "run it again with the same settings to resume.")
-        i = len(state["history"])
-        gp_secs, kappa, theta, method = None, None, state["gp"]["theta"], None
-        if i < len(instant):
-            (method, mask), s, kind, bound = instant[i], None, "instant", None
-        else:
-            if i < len(instant) + len(grid):
-                s, kind = grid[i - len(instant)], "grid"
-            else:
-                t0 = time.perf_counter()
-                S, y = _observations(state, config)
-                theta = gp.fit(S, y, theta)
-                kappa = kappa_schedule(i - len(instant) - len(grid), n_gp_iters)
-                s, kind = gp.minimize_acq(kappa, i), "gp"
-                gp_secs = time.perf_counter() - t0
+    def propose(j: int) -> dict:
+        """Proposal j: a start mask, a start grid point, or GP-LCB's next s."""
+        if j < len(starts):
+            name, mask = starts[j]
+            return {"kind": "instant", "s": None, "mask": mask_key(mask), "method": name, "bound": None}
+        if j < len(starts) + len(grid):
+            s = grid[j - len(starts)]
             mask, bound = mask_for(s)
-        loss, secs, reused = measure(mask, i)
-        entry = {"i": i, "kind": kind, "s": None if s is None else [float(v) for v in s], "mask": mask_key(mask),
-                 "loss": loss, "reused": reused, "seconds": round(secs, 4), "bound": bound, "kappa": kappa,
-                 "gp_seconds": None if gp_secs is None else round(gp_secs, 4)}
-        if method is not None:
-            entry["method"] = method
-        state["history"].append(entry)
-        state["gp"]["theta"] = theta
-        save()
-        report(entry)
-        if (i + 1) % every == 0 or i + 1 == config.budget:
-            best = min(state["history"], key=lambda h: (h["loss"], h["i"]))
-            log.info("GCache Search: evaluation %d/%d, best loss so far %.5g (%s).", i + 1, config.budget,
+            return {"kind": "grid", "s": [float(v) for v in s], "mask": mask_key(mask), "bound": bound}
+        t0 = time.perf_counter()
+        S, y = _observations(state, config)
+        state.theta = gp.fit(S, y, state.theta)
+        out = [p["s"] for p in state.pending if p["s"] is not None]
+        if out:
+            gp.add_pending(np.array(out))
+        kappa = kappa_schedule(j - len(starts) - len(grid), n_gp)
+        s = gp.minimize_acq(kappa, j)
+        mask, bound = mask_for(s)
+        return {"kind": "gp", "s": [float(v) for v in s], "mask": mask_key(mask), "bound": bound, "kappa": kappa,
+                "gp_seconds": round(time.perf_counter() - t0, 4)}
+
+    every = max(1, config.budget // 10)
+
+    def report(entry: dict, iteration: int) -> None:
+        best = min(state.history[:iteration], key=lambda h: (h["loss"], h["i"]))
+        if progress:
+            progress({"iteration": iteration, "budget": config.budget, "evaluations": len(state.masks),
+                      "best_loss": best["loss"], **entry})
+        if entry["kind"] != "final" and (iteration % every == 0 or iteration == config.budget):
+            log.info("GCache Search: evaluation %d/%d, best loss so far %.5g (%s).", iteration, config.budget,
                      best["loss"], _method_of(best))
 
-    if not state["done"]:
-        S, y = _observations(state, config)
+    def announce(entry: dict) -> None:  # once the state file holds it
+        report(entry, entry["i"] + 1)
+
+    in_flight: dict = {}  # executor handle -> (proposal, start time)
+
+    def dispatch(p: dict) -> None:
+        in_flight[executor.submit([int(c) for c in p["mask"]])] = (p, time.perf_counter())
+
+    def collect() -> None:
+        for h in executor.wait(list(in_flight)):
+            p, t0 = in_flight.pop(h)
+            raw, secs = executor.result(h), time.perf_counter() - t0
+            state.measure(p["mask"], raw, secs, first=len(state.history))
+            others = [o for o in state.pending if o["mask"] == p["mask"] and o is not p]  # proposed while it was out
+            state.pending[:] = [o for o in state.pending if o["mask"] != p["mask"]]
+            entries = [state.record(p, secs, False)] + [state.record(o, 0.0, True) for o in others]
+            state.save()
+            for entry in entries:
+                announce(entry)
+
+    def finish() -> None:
+        """The budget is spent and nothing is out: the mask of argmin μ(s) over everything measured."""
         t0 = time.perf_counter()
-        gp.fit(S, y, state["gp"]["theta"])
-        best_i = int(np.argmin(y))
-        s_mu = gp.minimize_acq(0.0, config.budget, extra_starts=S[[best_i]])
+        S, y = _observations(state, config)
+        gp.fit(S, y, state.theta)
+        s_mu = gp.minimize_acq(0.0, config.budget, extra_starts=S[[int(np.argmin(y))]])
         gp_secs = time.perf_counter() - t0
         mask, bound = mask_for(s_mu)
-        loss, secs, reused = measure(mask, config.budget)
-        state["final"] = {"s": [float(v) for v in s_mu], "mask": mask_key(mask), "loss": loss, "reused": reused,
-                          "seconds": round(secs, 4), "bound": bound, "gp_seconds": round(gp_secs, 4)}
-        state["done"] = True
-        save()
-        report({"kind": "final", **state["final"]})
-    result = _result(state, profile, config)
+        key, secs = mask_key(mask), 0.0
+        reused = key in state.masks
+        if not reused:
+            h = executor.submit(list(mask))
+            t0 = time.perf_counter()
+            executor.wait([h])
+            secs = time.perf_counter() - t0
+            state.measure(key, executor.result(h), secs, first=config.budget)
+        state.finish({"s": [float(v) for v in s_mu], "mask": key, "loss": state.masks[key]["loss"], "reused": reused,
+                      "seconds": round(secs, 4), "bound": bound, "gp_seconds": round(gp_secs, 4)})
+        report({"kind": "final", **state.data["final"]}, len(state.history))
+
+    t_start = time.perf_counter()
+    seeds = len(provenance.get("seeds", []))
+    resumed = state.history or state.pending
+    log.info("GCache Search: N = %d, K = %d, budget %d (%d instant masks, %d start grid, %d GP), %s, objective %s%s; %s.",
+             n, config.k, config.budget, len(starts), len(grid), max(n_gp, 0),
+             _count(seeds, "seed") if seeds else "? seeds", config.objective, f", {q} in flight" if q > 1 else "",
+             f"resumed at evaluation {len(state.history)}" + (
+                 f" ({_count(len(state.pending), 'evaluation')} dispatched again)" if state.pending else "")
+             if resumed else "starting")
+    for j, p in enumerate(state.pending):  # a resumed search: what was out when it stopped, each mask once
+        if not any(o["mask"] == p["mask"] for o in state.pending[:j]):
+            dispatch(p)
+    while not state.done:
+        while len(in_flight) < q and state.proposed() < config.budget:
+            if should_stop and should_stop():
+                state.save()
+                raise SearchInterrupted(f"Search stopped after {len(state.history)} of {config.budget} iterations; "
+                                        "run it again with the same settings to resume.")
+            p = propose(state.proposed())
+            if p["mask"] in state.masks:  # measured before: recorded at once, nothing dispatched
+                entry = state.record(p, 0.0, True)
+                state.save()
+                announce(entry)
+                continue
+            already_out = state.is_pending(p["mask"])  # it will share that result
+            state.pending.append(p)
+            state.save()
+            if not already_out:
+                dispatch(p)
+        if in_flight:
+            collect()
+        else:
+            finish()
+    result, searched_unchecked = _result(state, profile, config)
     log.info("GCache Search: done in %.1f s: mask %s, won by %s (%s), loss %.5g.", time.perf_counter() - t_start,
              result.policy.describe(), result.policy.provenance["won"], result.policy.provenance["chosen"],
              result.policy.metrics["loss"])
-    if (result.policy.metrics.get("loss_minus_instant") or {}).get("se") is None:
-        log.info("GCache Search: no per-seed losses for two or more seeds, so a searched mask was kept without "
+    if searched_unchecked:
+        log.info("GCache Search: no per-seed losses for two or more seeds, so the searched mask was kept without "
                  "checking its gain against the seed noise (use 2+ seeds for that check).")
     return result
 
 
-def _observations(state: dict, config: SearchConfig) -> tuple[np.ndarray, np.ndarray]:
-    """What the GP sees: the (s, loss) pairs (instant masks have no s)."""
-    hist = [h for h in state["history"] if h["s"] is not None]
+def _observations(state: SearchState, config: SearchConfig) -> tuple[np.ndarray, np.ndarray]:
+    """What the GP sees: the (s, loss) pairs (start masks have no s)."""
+    hist = [h for h in state.history if h["s"] is not None]
     return np.array([h["s"] for h in hist]), gp_targets([h["loss"] for h in hist], config.log_loss)
 
 
@@ -410,28 +353,30 @@ def paired_difference(a: Optional[list], b: Optional[list]) -> Optional[dict]:
     return {"mean": float(d.mean()), "se": se if math.isfinite(se) else None, "seeds": int(d.size)}
 
 
-def _result(state: dict, profile: Profile, config: SearchConfig) -> SearchResult:
-    hist, fin = state["history"], state["final"]
+def _result(state: SearchState, profile: Profile, config: SearchConfig) -> tuple[SearchResult, bool]:
+    """The result, and whether a searched mask won without a check of its gain against the seed noise."""
+    hist, fin, masks = state.history, state.data["final"], state.masks
     best = min(hist, key=lambda h: (h["loss"], h["i"]))  # ties: the earliest, so an instant mask is kept
     chosen, how = (fin, "argmin_mu") if fin["loss"] < best["loss"] else (best, "best_evaluated")
     won = "gcache argmin mu" if chosen is fin else _method_of(best)
-    masks = state["masks"]
     # A searched mask replaces the best instant one only when its gain is beyond the seeds' noise: it was
     # selected as the minimum of many noisy means, so a gain within NOISE_Z standard errors is likely luck.
     instant = min((h for h in hist if h["kind"] == "instant"), key=lambda h: (h["loss"], h["i"]), default=None)
+    unchecked = False
     if instant is not None and chosen.get("kind") != "instant":
         gain = paired_difference(masks[chosen["mask"]].get("per_seed"), masks[instant["mask"]].get("per_seed"))
-        if gain is not None and gain["se"] is not None and gain["mean"] + NOISE_Z * gain["se"] >= 0:
+        unchecked = gain is None or gain["se"] is None
+        if not unchecked and gain["mean"] + NOISE_Z * gain["se"] >= 0:
             chosen, how, won = instant, "instant_within_noise", instant["method"]
     own = "theory_dp_forecast" if config.forecast else "theory_dp"  # the instant policy of the same order
     theory = next((h for h in hist if h.get("method") == own), None)
     vs = paired_difference(masks[chosen["mask"]].get("per_seed"), masks[theory["mask"]].get("per_seed")) \
         if theory is not None else None
     to_mask = lambda key: [int(c) for c in key]  # noqa: E731
-    prov = dict(state.get("provenance") or {})
+    prov = dict(state.data.get("provenance") or {})
     prov.update({"s": chosen["s"], "degree": config.degree, "objective": config.objective, "chosen": how, "won": won,
-                 "iterations": len(hist), "evaluations": len(state["masks"]), "search_seed": config.seed,
-                 "s_range": [config.s_min, config.s_max], "profile": state["profile"], "state": state["fingerprint"]})
+                 "iterations": len(hist), "evaluations": len(masks), "search_seed": config.seed,
+                 "s_range": [config.s_min, config.s_max], "profile": state.data["profile"], "state": state.search_id})
     metrics = {"loss": chosen["loss"], "objective": config.objective, "mu_loss": fin["loss"], "best_loss": best["loss"]}
     if theory is not None:
         metrics["instant_loss"] = theory["loss"]
@@ -443,4 +388,4 @@ def _result(state: dict, profile: Profile, config: SearchConfig) -> SearchResult
                     forecast=config.forecast)
     return SearchResult(policy=policy, best_mask=to_mask(best["mask"]), best_loss=best["loss"],
                         mu_mask=to_mask(fin["mask"]), mu_loss=fin["loss"], s_best=chosen["s"], s_mu=fin["s"],
-                        history=hist, state=state, evaluations=len(state["masks"]))
+                        history=hist, state=state.data, evaluations=len(masks)), unchecked

@@ -6,7 +6,7 @@ Apply's `policy_json` (the mask as a policy), queues the prompt, waits for it, f
 scores them against the same seeds sampled with every step computed (fetched once, at the first evaluation).
 Loopback or cluster-internal addresses only: the worker talks to the server it was given.
 
-As a Ray actor (cluster.py's RayExecutor, one actor per server address), or `ComfyUIWorker.pool(urls, ...)`, a
+As a Ray actor (ray_executor.RayExecutor, one actor per server address), or `ComfyUIWorker.pool(urls, ...)`, a
 thread-per-server executor without Ray.
 """
 from __future__ import annotations

@@ -56,6 +56,7 @@ class GPLCB:
         self.warm_maxiter, self.cold_every, self.cold_restarts = warm_maxiter, cold_every, cold_restarts
         self.hyper_every, self.hyper_always_below = hyper_every, hyper_always_below
         self.gp = None
+        self.X = self.y = None  # what the surrogate was fitted on (unit box, GP targets)
 
     # ---------------------------------------------------------------- scaling
     def to_unit(self, s: np.ndarray) -> np.ndarray:
@@ -93,8 +94,24 @@ class GPLCB:
         with warnings.catch_warnings():  # bound-hitting hyperparameters are expected for flat or exact losses
             warnings.simplefilter("ignore")
             gp.fit(X, np.asarray(y, dtype=np.float64))
-        self.gp = gp
+        self.gp, self.X, self.y = gp, X, np.asarray(y, dtype=np.float64)
         return [float(v) for v in gp.kernel_.theta]
+
+    def add_pending(self, S_pending: np.ndarray) -> None:
+        """GP-BUCB: points still being evaluated count as observed at the posterior mean, with the fitted
+        hyperparameters kept. μ does not move and σ shrinks around them, so the next proposal goes elsewhere
+        instead of repeating one that is out."""
+        from sklearn.gaussian_process import GaussianProcessRegressor
+        if self.gp is None:
+            raise RuntimeError("fit() first")
+        Xp = self.to_unit(S_pending)
+        kernel = _kernel(self.dim).clone_with_theta(self.gp.kernel_.theta)
+        gp = GaussianProcessRegressor(kernel=kernel, normalize_y=True, optimizer=None)
+        X, y = np.vstack([self.X, Xp]), np.concatenate([self.y, self.gp.predict(Xp)])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            gp.fit(X, y)
+        self.gp, self.X, self.y = gp, X, y
 
     # ---------------------------------------------------------------- acquisition
     def _acq(self, X: np.ndarray, kappa: float) -> np.ndarray:

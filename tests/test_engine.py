@@ -205,7 +205,10 @@ def test_summary_reports_counts_and_speedup():
     cache.close()
     line = cache.summary(io_share=0.1)
     assert "computed 2/4 steps" in line and "skipped 2" in line and "predicted speed-up 1.82x" in line
-    assert cache.stats.measured_speedup(cache.mask) is not None
+    t = cache.stats.step_seconds  # this run's own step timings: N · mean computed step / total
+    assert sorted(t) == [0, 1, 2, 3] and f"measured {4 * (t[0] + t[3]) / 2 / sum(t.values()):.2f}x" in line
+    cache.stats.step_seconds = {0: 1.0, 1: 0.1, 2: 0.1, 3: 1.0}  # skipped steps cost a tenth: 4 · 1 / 2.2
+    assert cache.stats.measured_speedup(cache.mask) == pytest.approx(4 / 2.2)
 
 
 def test_small_caches_are_reported_in_a_readable_unit():

@@ -7,7 +7,8 @@ import pytest
 ray = pytest.importorskip("ray", reason="Ray is the optional 'cluster' extra: pip install -e '.[test,cluster]'")
 
 from gcache.search.bilevel import SearchConfig  # noqa: E402
-from gcache.search.cluster import RayExecutor, ReferenceWorker  # noqa: E402
+from gcache.reference_model.cluster import ReferenceWorker  # noqa: E402
+from gcache.search.ray_executor import RayExecutor  # noqa: E402
 from gcache.search.parallel import run_search_parallel  # noqa: E402
 
 N, SEEDS = 8, [100, 101]
@@ -48,7 +49,7 @@ def test_two_workers_finish_the_search_and_survive_a_killed_worker(cluster, prof
 
 
 def test_cluster_command_writes_policy_and_state(cluster, tmp_path, capsys):
-    from gcache.search.cluster import main
+    from gcache.reference_model.cluster import main
     assert main(["--workers", "2", "--steps", "8", "--k", "3", "--budget", "14", "--degree", "2",
                  "--search-seeds", "100-101", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "policy_N8_K3.json").exists() and (tmp_path / "search_state_N8_K3.json").exists()
@@ -67,7 +68,7 @@ def test_comfyui_mode_reports_a_dead_server_and_keeps_its_state_for_that_workflo
     a changed workflow is another search and is refused, the same one resumes."""
     import json
 
-    from gcache.search.cluster import main
+    from gcache.reference_model.cluster import main
     wf = {"1": {"class_type": "GCacheApply", "inputs": {"policy_json": ""}},
           "2": {"class_type": "KSampler", "inputs": {"seed": 0, "cfg": 3.0}},
           "3": {"class_type": "SaveImage", "inputs": {}}}
@@ -97,7 +98,7 @@ def test_more_workers_than_the_cluster_can_place_is_reported_not_a_hang(cluster,
     """Four ComfyUI servers on a 3-CPU cluster: one actor can't be placed; the command says so and stops."""
     import json
 
-    from gcache.search.cluster import main
+    from gcache.reference_model.cluster import main
     wf = tmp_path / "wf.json"
     wf.write_text(json.dumps({"1": {"class_type": "GCacheApply", "inputs": {}},
                               "2": {"class_type": "KSampler", "inputs": {"seed": 0}},
@@ -118,7 +119,7 @@ def test_more_workers_than_the_cluster_can_place_is_reported_not_a_hang(cluster,
     ("{not json", "Can't read the workflow"),
 ])
 def test_a_bad_workflow_stops_before_any_worker_starts(profile, tmp_path, capsys, content, says):
-    from gcache.search.cluster import main
+    from gcache.reference_model.cluster import main
     wf = tmp_path / "wf.json"
     wf.write_text(content)
     prof = tmp_path / "p.profile.safetensors"

@@ -1,6 +1,4 @@
-"""The order-1 forecast DP (headless): exact against brute force, fast at N = 50, and its search/instant use."""
-import time
-
+"""The order-1 forecast DP (headless): exact against brute force, locally optimal at N = 50, its search/instant use."""
 import numpy as np
 import pytest
 
@@ -36,14 +34,20 @@ def test_forecast_dp_differs_from_reuse_when_forecasting_changes_the_errors():
     assert dp_mask_forecast(E, E1, w, 4)[0] != dp_mask(E, w, 4)[0]
 
 
-def test_forecast_dp_is_fast_at_n_50():
+def test_forecast_dp_at_n_50_beats_every_single_swap():
+    """Beyond brute force's reach (N = 50): the DP's mask costs what it reports, and moving any one computed step to
+    any skipped one costs at least as much. (Its speed, ~10 ms, is measured in bench/RESULTS.md, not asserted.)"""
     rng = np.random.default_rng(0)
     n = 50
     E, E1, w = rng.random((n, n)), rng.random((n, n, n)), rng.normal(size=n)
-    t0 = time.perf_counter()
     for k in (17, 25, 33):
-        dp_mask_forecast(E, E1, w, k)
-    assert time.perf_counter() - t0 < 3.0  # the issue's bound is 1 s per DP; measured ~10 ms here
+        mask, cost = dp_mask_forecast(E, E1, w, k)
+        assert sum(mask) == k and mask[0] == 1 and forecast_mask_cost(E, E1, w, mask) == pytest.approx(cost)
+        for i in (i for i in range(1, n) if mask[i]):
+            for j in (j for j in range(1, n) if not mask[j]):
+                other = list(mask)
+                other[i], other[j] = 0, 1
+                assert forecast_mask_cost(E, E1, w, other) >= cost - 1e-9, (k, i, j)
 
 
 def test_bad_e1_and_profiles_without_it_say_what_to_do():

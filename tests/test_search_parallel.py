@@ -2,10 +2,11 @@
 import json
 import threading
 
+import numpy as np
 import pytest
 
 from gcache.core.errors import GCacheError
-from gcache.search.bilevel import SearchConfig, mask_key, run_search
+from gcache.search.bilevel import InProcessExecutor, SearchConfig, run_search
 from gcache.search.parallel import ThreadExecutor, run_search_parallel
 from test_search_bilevel import CFG, Evaluator, make_profile
 
@@ -57,14 +58,44 @@ def test_one_in_flight_is_the_sequential_search():
 
 
 def test_batch_search_is_as_good_as_the_sequential_one():
+    """Two evaluations out at once, results back in the order they went out (InProcessExecutor evaluates the oldest
+    first): the same batch search on every machine, whatever the threads' timing would have been."""
     prof = make_profile()
     seq = run_search(prof, SearchConfig(**dict(CFG, budget=24)), Evaluator(prof))
-    ex = ThreadExecutor(Counting(prof), workers=2)
+    par = run_search_parallel(prof, SearchConfig(**dict(CFG, budget=24)), InProcessExecutor(Evaluator(prof)), q=2)
+    assert [h["mask"] for h in par.history] != [h["mask"] for h in seq.history]  # it did search otherwise
+    assert par.policy.metrics["loss"] <= seq.policy.metrics["loss"] * 1.05
+
+
+def test_gp_proposals_made_while_another_is_out_look_elsewhere(monkeypatch):
+    """GP-BUCB: with the pending point counted at the posterior mean, a second proposal made while the first is out
+    goes elsewhere; without it, the GP would propose (nearly) the same s again."""
+    from gcache.search.gp import GPLCB
+    prof = make_profile()
+
+    def gp_steps(res):  # results come back in dispatch order: each GP proposal was made while the one before was out
+        s = np.array([h["s"] for h in res.history if h["kind"] == "gp"])
+        return np.linalg.norm(np.diff(s, axis=0), axis=1)
+    spread = gp_steps(run_search_parallel(prof, SearchConfig(**dict(CFG, budget=24)),
+                                          InProcessExecutor(Evaluator(prof)), q=2))
+    monkeypatch.setattr(GPLCB, "add_pending", lambda self, S: None)
+    blind = gp_steps(run_search_parallel(prof, SearchConfig(**dict(CFG, budget=24)),
+                                         InProcessExecutor(Evaluator(prof)), q=2))
+    assert spread.min() > 1.0 and blind.min() < 0.5  # in s ∈ [0, 10]^3; the control shows what GP-BUCB prevents
+
+
+@pytest.mark.parametrize("bad", [float("nan"), None, "x", [0.1, float("nan")]])
+def test_a_loss_that_is_no_number_stops_the_batch_search_with_what_to_do(tmp_path, bad):
+    prof = make_profile()
+    path = tmp_path / "s.json"
+    ex = ThreadExecutor(lambda mask: bad, workers=2)
     try:
-        par = run_search_parallel(prof, SearchConfig(**dict(CFG, budget=24)), ex, q=2)
+        with pytest.raises(GCacheError, match="not a finite loss"):
+            run_search_parallel(prof, SearchConfig(**CFG), ex, q=2, state_path=str(path))
     finally:
         ex.close()
-    assert par.policy.metrics["loss"] <= seq.policy.metrics["loss"] * 1.05
+    state = json.loads(path.read_text())
+    assert state["history"] == [] and state["masks"] == {} and len(state["pending"]) == 2  # dispatched again later
 
 
 def test_killed_coordinator_resumes_losing_at_most_q(tmp_path):
@@ -95,4 +126,6 @@ def test_small_q_and_budget_are_refused():
         run_search_parallel(prof, SearchConfig(**CFG), ThreadExecutor(Counting(prof)), q=0)
     with pytest.raises(GCacheError, match="minimum useful budget"):
         run_search_parallel(prof, SearchConfig(**dict(CFG, budget=11)), ThreadExecutor(Counting(prof)), q=2)
-    assert mask_key([1, 0]) == "10"
+    with pytest.raises(GCacheError, match="minimum useful budget is 13"):  # the extra start mask counts too
+        run_search_parallel(prof, SearchConfig(**dict(CFG, budget=12)), ThreadExecutor(Counting(prof)), q=2,
+                            extra_masks=[("mine", [1, 1, 1, 1, 1] + [0] * 9)])

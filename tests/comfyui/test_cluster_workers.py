@@ -55,6 +55,9 @@ def servers(tmp_path_factory):
                 if _get(f"{a['url']}/history/{pid}").get(pid, {}).get("status", {}).get("completed"):
                     break
                 __import__("time").sleep(0.2)
+            else:
+                pytest.fail(f"The profiling run (seed {seed}) did not complete within 120 s on {a['url']}; "
+                            f"its log ends: {a['log'].read_text()[-2000:]}")
         profile = Profile.load(str(a["base"] / "models" / "gcache" / "tiny.profile.safetensors"))
         assert profile.n_steps == N
         yield a, b, profile
@@ -86,7 +89,7 @@ def test_search_on_two_comfyui_servers_with_a_thread_pool(servers):
 def test_search_on_two_comfyui_servers_with_ray_actors(servers):
     """Each server is driven by its own Ray actor (the cluster command's --comfyui mode)."""
     ray = pytest.importorskip("ray", reason="Ray is the optional 'cluster' extra: pip install -e '.[test,cluster]'")
-    from gcache.search.cluster import RayExecutor
+    from gcache.search.ray_executor import RayExecutor
     a, b, _ = servers
     ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     try:
@@ -98,12 +101,12 @@ def test_search_on_two_comfyui_servers_with_ray_actors(servers):
 
 
 def test_cluster_command_drives_comfyui_servers(servers, tmp_path, capsys):
-    """`python -m gcache.search.cluster --comfyui URL,URL --workflow … --profile …`: a policy from the servers."""
+    """`python -m gcache.reference_model.cluster --comfyui URL,URL --workflow … --profile …`: a policy from the servers."""
     pytest.importorskip("ray", reason="Ray is the optional 'cluster' extra: pip install -e '.[test,cluster]'")
     import ray
 
     from gcache.core.policy import Policy
-    from gcache.search.cluster import main
+    from gcache.reference_model.cluster import main
     a, b, _ = servers
     wf = tmp_path / "wf_api.json"
     wf.write_text(json.dumps(APPLY_WF))

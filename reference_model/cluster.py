@@ -1,13 +1,9 @@
-"""The search on a Ray cluster: one coordinator (parallel.py, one JSON state), evaluations on Ray actors.
+"""The search on a Ray cluster: one coordinator (bilevel.run_batch_search, one JSON state), evaluations on Ray
+actors (search/ray_executor.py). The reference model runs headless, or ComfyUI servers evaluate (one per GPU):
 
-Optional: `pip install "gcache[cluster]"` brings Ray; nothing else in GCache imports it. Each worker is an actor
-that loads its model once and evaluates masks on the search seeds; Ray places the actors (one CPU or GPU each),
-restarts one whose process died and retries the evaluation it was running (max_restarts / max_task_retries):
-no queue of our own. The reference model runs headless:
-
-    python -m gcache.search.cluster --workers 2 --steps 30 --k 10 --budget 64 --objective ssim --out cluster_out
-    python -m gcache.search.cluster --address auto ...     # an existing cluster (`ray start --head` / `--address`)
-    python -m gcache.search.cluster --comfyui http://gpu1:8188,http://gpu2:8188 --workflow wf_api.json \
+    python -m gcache.reference_model.cluster --workers 2 --steps 30 --k 10 --budget 64 --objective ssim --out cluster_out
+    python -m gcache.reference_model.cluster --address auto ...   # an existing cluster (`ray start --head` / `--address`)
+    python -m gcache.reference_model.cluster --comfyui http://gpu1:8188,http://gpu2:8188 --workflow wf_api.json \
         --profile models/gcache/flux.profile.safetensors --k 10 --budget 64   # ComfyUI servers, one per GPU
 """
 from __future__ import annotations
@@ -17,30 +13,21 @@ import json
 import os
 import sys
 import time
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from ..core.errors import GCacheError
-from .objectives import OBJECTIVES
-
-RESTARTS = 3  # a worker process that dies is restarted this often, and its evaluation retried
-
-
-def _ray():
-    try:
-        import ray
-    except ImportError:
-        raise SystemExit("The cluster search needs Ray: pip install 'gcache[cluster]' (or pip install ray).") from None
-    return ray
+from ..search.cli import parse_seeds, set_threads
+from ..search.objectives import OBJECTIVES
+from ..search.ray_executor import RayExecutor, message, require_ray
 
 
 class ReferenceWorker:
     """Evaluates masks on the bundled reference model (one instance per Ray actor)."""
 
     def __init__(self, n_steps: int, seeds: Sequence[int], objective: str, forecast: int = 0, threads: int = 1):
-        import torch
-        torch.set_num_threads(threads)
-        from ..reference_model.harness import ReferenceHarness
-        from .objectives import make_objective
+        set_threads(threads)
+        from ..search.objectives import make_objective
+        from .harness import ReferenceHarness
         self.h = ReferenceHarness(n_steps)
         self.seeds, self.forecast = list(seeds), forecast
         self.evaluate = self.h.evaluator(self.seeds, make_objective(objective), forecast=forecast)
@@ -50,68 +37,6 @@ class ReferenceWorker:
 
     def pid(self) -> int:
         return os.getpid()
-
-
-class RayExecutor:
-    """parallel.Executor on Ray actors: a mask goes to a free actor; Ray retries it if the actor dies."""
-
-    def __init__(self, actors: list):
-        self.ray = _ray()
-        self.actors, self.busy = list(actors), {}
-
-    @classmethod
-    def start(cls, worker_cls, workers: int, *args, num_gpus: float = 0, **kwargs) -> "RayExecutor":
-        """`workers` actors of worker_cls(*args, **kwargs), one CPU (and num_gpus GPUs) each."""
-        return cls.start_each(worker_cls, [(args, kwargs)] * workers, num_gpus=num_gpus)
-
-    @classmethod
-    def start_each(cls, worker_cls, arguments: list, num_gpus: float = 0) -> "RayExecutor":
-        """One actor per (args, kwargs): e.g. one ComfyUIWorker per server address."""
-        ray = _ray()
-        remote = ray.remote(num_cpus=1, num_gpus=num_gpus, max_restarts=RESTARTS, max_task_retries=RESTARTS)(worker_cls)
-        return cls([remote.remote(*a, **k) for a, k in arguments])
-
-    def submit(self, mask: list) -> Any:
-        free = [a for a in self.actors if a not in self.busy.values()]
-        actor = free[0] if free else self.actors[len(self.busy) % len(self.actors)]
-        ref = actor.run.remote(list(mask))
-        self.busy[ref] = actor
-        return ref
-
-    def wait(self, handles: list) -> list:
-        done, _ = self.ray.wait(list(handles), num_returns=1)
-        return done
-
-    def result(self, handle: Any) -> Any:
-        self.busy.pop(handle, None)
-        return self.ray.get(handle)
-
-    def pids(self, timeout_s: Optional[float] = None) -> list[int]:
-        """Each worker's process id (or server): returns once every worker has started and loaded its model."""
-        refs = [a.pid.remote() for a in self.actors]
-        try:
-            return self.ray.get(refs, timeout=timeout_s)
-        except self.ray.exceptions.RayActorError as e:  # its constructor raised: the last line says why
-            raise GCacheError(f"A search worker could not start: {_last_line(e)}") from None
-        except self.ray.exceptions.GetTimeoutError:
-            started = len(self.ray.wait(refs, num_returns=len(refs), timeout=0)[0])
-            raise GCacheError(f"Only {started} of {len(refs)} search workers started within {timeout_s:.0f} s. Each "
-                              "asks Ray for one CPU (and its GPUs): add machines to the cluster (ray status shows "
-                              "what it has) or start fewer workers.") from None
-
-    def close(self) -> None:
-        for a in self.actors:
-            self.ray.kill(a)
-
-
-def _last_line(e: BaseException) -> str:
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    return lines[-1] if lines else type(e).__name__
-
-
-def message(e: BaseException) -> str:
-    """What a user should read of an error: a worker's own exception, not Ray's wrapper with its remote traceback."""
-    return str(getattr(e, "cause", None) or e)
 
 
 def main(argv: Optional[list] = None) -> int:
@@ -147,11 +72,10 @@ def main(argv: Optional[list] = None) -> int:
 
 def _run(a) -> int:
     from ..core.profile import Profile
-    from ..reference_model.harness import ReferenceHarness
-    from ..reference_model.search import parse_seeds
-    from .bilevel import SearchConfig
-    from .comfyui_worker import ComfyUIWorker
-    from .parallel import run_search_parallel
+    from ..search.bilevel import SearchConfig
+    from ..search.comfyui_worker import ComfyUIWorker
+    from ..search.parallel import run_search_parallel
+    from .harness import ReferenceHarness
     seeds = parse_seeds(a.search_seeds)
     provenance: dict = {"seeds": seeds}
     urls = [u.strip() for u in (a.comfyui or "").split(",") if u.strip()]
@@ -172,7 +96,7 @@ def _run(a) -> int:
     config = SearchConfig(k=a.k, degree=a.degree, budget=a.budget, seed=a.seed, objective=a.objective,
                           forecast=a.forecast)
     config.validate(a.steps)
-    ray = _ray()
+    ray = require_ray()
     # a local Ray gets a CPU per worker (+ one): an actor without one would never be placed
     ray.init(address=a.address, num_cpus=None if a.address else a.workers + 1, include_dashboard=False,
              log_to_driver=False, ignore_reinit_error=True)

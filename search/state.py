@@ -1,0 +1,237 @@
+"""The search's state file: every evaluation so far, enough to resume after a crash or an interrupt.
+
+One JSON object, written atomically after every change (format "gcache.search_state", version 2):
+
+    fingerprint  the search id: a hash of the config (less the budget), the profile and the provenance
+    config, profile, provenance       what the id was made of (to say in words what differs)
+    history      one entry per proposal, in the order its result came back: i, kind (instant | grid | gp), s,
+                 mask, loss, reused, seconds, bound, kappa, gp_seconds (+ method for instant masks)
+    masks        each distinct mask's loss (and per-seed losses): a mask is evaluated once
+    gp           {"theta": the last fit's log-hyperparameters}, the next fit's warm start
+    final, done  the argmin-μ mask measured at the end
+    pending      proposals dispatched and not back yet; a resumed search dispatches them again
+
+A state file of another search, a newer or older format, or a damaged file is refused and left untouched.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any, Optional
+
+import numpy as np
+
+from ..core.errors import GCacheError
+from ..core.files import atomic_write_text
+from ..core.profile import Profile
+
+if TYPE_CHECKING:
+    from .bilevel import SearchConfig
+
+STATE_FORMAT = "gcache.search_state"
+STATE_VERSION = 2  # 2: instant masks first (history entries without s); version-1 states are refused
+KINDS = ("instant", "grid", "gp")
+
+
+def profile_identity(profile: Profile) -> dict:
+    h = hashlib.sha256()
+    h.update(np.ascontiguousarray(profile.E, dtype=np.float64).tobytes())
+    h.update(np.ascontiguousarray(profile.times, dtype=np.float64).tobytes())
+    return {"n_steps": int(profile.n_steps), "sha256": h.hexdigest()[:16], "count": int(profile.count)}
+
+
+def search_id(config: "SearchConfig", prof_id: dict, provenance: dict) -> str:
+    """What makes two runs the same search (a larger budget continues it): stored as the state's 'fingerprint'."""
+    blob = json.dumps({"config": config.identity(), "profile": prof_id, "provenance": provenance},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def load_state(path: str) -> dict:
+    """Read and check a state file; never modifies it."""
+    name = os.path.basename(path)
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            state = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise GCacheError(f"The search state {path} is unreadable or damaged ({e}). It was left as it is: delete it "
+                          "to start the search over, or choose another state file name.") from None
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise GCacheError(f"{name} is not a GCache search state (no 'format': '{STATE_FORMAT}'). It was left "
+                          "untouched: choose another state file name.")
+    if state.get("version") != STATE_VERSION:
+        raise GCacheError(f"{name} has search-state version {state.get('version')!r}; this GCache reads "
+                          f"{STATE_VERSION}. Delete it to search again, or use the GCache version that wrote it.")
+    try:
+        _check(state)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise GCacheError(f"{name} is damaged ({e!r}). It was left untouched: delete it to start the search over.") from None
+    return state
+
+
+def _check(state: dict) -> None:
+    """Raises on anything a hand edit or a bug could leave that the search would trip over later."""
+    dim = int(state["config"]["degree"]) + 1
+    n = int(state["profile"]["n_steps"])
+
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    def mask_ok(m) -> bool:
+        return isinstance(m, str) and len(m) == n and not set(m) - {"0", "1"} and m[0] == "1"
+
+    def s_ok(e: dict) -> bool:  # instant masks have no s; every other proposal has one of the search's dimension
+        return (e.get("kind") == "instant" and e["s"] is None and isinstance(e.get("method"), str)) or (
+            isinstance(e["s"], list) and len(e["s"]) == dim and all(number(v) for v in e["s"]))
+
+    if not isinstance(state["history"], list) or not isinstance(state["masks"], dict):
+        raise ValueError("bad history or masks")
+    for j, h in enumerate(state["history"]):
+        if not (isinstance(h, dict) and h.get("i") == j and s_ok(h) and mask_ok(h["mask"]) and number(h["loss"])):
+            raise ValueError(f"bad history entry {j}")
+    for key, m in state["masks"].items():
+        if not (mask_ok(key) and isinstance(m, dict) and number(m["loss"])):
+            raise ValueError("bad mask entry")
+    # written by the batch search only: a sequential state of earlier GCache versions has none
+    pending = state.get("pending", [])
+    if not isinstance(pending, list):
+        raise ValueError("bad pending list")
+    for j, p in enumerate(pending):
+        if not (isinstance(p, dict) and p.get("kind") in KINDS and s_ok(p) and mask_ok(p["mask"])):
+            raise ValueError(f"bad pending entry {j}")
+    theta = state["gp"]["theta"]
+    if theta is not None and not (isinstance(theta, list) and len(theta) == dim + 2 and all(number(v) for v in theta)):
+        raise ValueError("bad GP hyperparameters")
+    if not isinstance(state["done"], bool) or (state["done"] and not (
+            isinstance(state["final"], dict) and mask_ok(state["final"].get("mask"))
+            and number(state["final"].get("loss")))):
+        raise ValueError("bad final entry")
+    if not isinstance(state["fingerprint"], str):
+        raise ValueError("bad search id ('fingerprint')")
+
+
+def _differences(state: dict, config: "SearchConfig", prof_id: dict, provenance: dict) -> str:
+    """What differs between a state file's search and this one, in words."""
+    old_cfg, new_cfg = dict(state.get("config") or {}), config.identity()
+    diffs = [f"{k}: file {old_cfg.get(k)!r}, now {v!r}" for k, v in new_cfg.items() if old_cfg.get(k) != v]
+    old_prof = state.get("profile") or {}
+    if old_prof.get("n_steps") != prof_id["n_steps"]:
+        diffs.append(f"profile steps N: file {old_prof.get('n_steps')}, now {prof_id['n_steps']}")
+    elif old_prof.get("sha256") != prof_id["sha256"]:
+        diffs.append(f"profile: file {old_prof.get('sha256')}, now {prof_id['sha256']} (another profile of the same N)")
+    old_prov = state.get("provenance") or {}
+    if old_prov != provenance:
+        keys = sorted(k for k in set(old_prov) | set(provenance) if old_prov.get(k) != provenance.get(k))
+        diffs.append("provenance differs in " + ", ".join(keys)
+                     + (" (another ComfyUI workflow)" if "workflow_sha256" in keys else ""))
+    return "; ".join(diffs) or "its search id differs"
+
+
+def loss_of(raw: Any) -> tuple[float, Optional[list]]:
+    """(mean loss, per-seed losses or None) of what an evaluation returned; NaN where it is no number."""
+    try:
+        if isinstance(raw, (list, tuple, np.ndarray)):  # one loss per seed: kept for paired comparisons
+            per_seed = [float(v) for v in raw]
+            ok = per_seed and all(map(math.isfinite, per_seed))
+            return (float(np.mean(per_seed)) if ok else float("nan")), per_seed
+        return float(raw), None
+    except (TypeError, ValueError):
+        return float("nan"), None
+
+
+class SearchState:
+    """The state of one search and its file (`path`; None keeps it in memory)."""
+
+    def __init__(self, data: dict, path: Optional[str]):
+        self.data, self.path = data, path
+
+    @classmethod
+    def open(cls, path: Optional[str], config: "SearchConfig", profile: Profile, provenance: dict) -> "SearchState":
+        """The state in `path` when it belongs to this search (a larger budget continues it), else a new one.
+        A state file of another search is refused and left untouched."""
+        prof_id = profile_identity(profile)
+        sid = search_id(config, prof_id, provenance)
+        if not (path and os.path.exists(path)):
+            return cls({"format": STATE_FORMAT, "version": STATE_VERSION, "fingerprint": sid, "config": asdict(config),
+                        "profile": prof_id, "provenance": provenance, "history": [], "masks": {},
+                        "gp": {"theta": None}, "final": None, "done": False, "pending": []}, path)
+        data = load_state(path)
+        if data["fingerprint"] != sid:  # the search id
+            raise GCacheError(
+                f"{os.path.basename(path)} belongs to another search ({_differences(data, config, prof_id, provenance)}). "
+                "It was left untouched: use another state file name, or delete it to start over.")
+        data["config"]["budget"] = config.budget
+        data.setdefault("pending", [])
+        if len(data["history"]) < config.budget:
+            data["done"], data["final"] = False, None  # a larger budget continues the search
+        return cls(data, path)
+
+    # ------------------------------------------------------------------------------------------ reading
+    @property
+    def history(self) -> list:
+        return self.data["history"]
+
+    @property
+    def masks(self) -> dict:
+        return self.data["masks"]
+
+    @property
+    def pending(self) -> list:
+        return self.data["pending"]
+
+    @property
+    def search_id(self) -> str:
+        return self.data["fingerprint"]  # the file's name for it (format version 2)
+
+    @property
+    def done(self) -> bool:
+        return self.data["done"]
+
+    @property
+    def theta(self) -> Optional[list]:
+        return self.data["gp"]["theta"]
+
+    @theta.setter
+    def theta(self, value: Optional[list]) -> None:
+        self.data["gp"]["theta"] = value
+
+    def proposed(self) -> int:
+        """Proposals made so far: the finished ones and those still out."""
+        return len(self.history) + len(self.pending)
+
+    def is_pending(self, key: str) -> bool:
+        return any(p["mask"] == key for p in self.pending)
+
+    # ------------------------------------------------------------------------------------------ writing
+    def measure(self, key: str, raw: Any, seconds: float, first: int) -> None:
+        """Keep what evaluate() returned for mask `key` (the loss, and the per-seed losses for paired comparisons);
+        `first` is the history index that measured it. A loss that is no finite number stops the search."""
+        loss, per_seed = loss_of(raw)
+        if not math.isfinite(loss):
+            raise GCacheError(f"The evaluation of mask {key} returned {raw!r:.120}, not a finite loss (the run diverged or "
+                              f"the objective failed). The state file keeps the {len(self.history)} evaluations "
+                              "before it; fix the evaluation and run the search again to resume.")
+        self.masks[key] = {"loss": loss, "seconds": round(seconds, 4), "first": first}
+        if per_seed is not None:
+            self.masks[key]["per_seed"] = per_seed
+
+    def record(self, proposal: dict, seconds: float, reused: bool) -> dict:
+        """Append the history entry of a proposal whose mask is measured; returns the entry."""
+        entry = {"i": len(self.history), "kind": proposal["kind"], "s": proposal["s"], "mask": proposal["mask"],
+                 "loss": self.masks[proposal["mask"]]["loss"], "reused": reused, "seconds": round(seconds, 4),
+                 "bound": proposal.get("bound"), "kappa": proposal.get("kappa"), "gp_seconds": proposal.get("gp_seconds")}
+        if proposal.get("method"):
+            entry["method"] = proposal["method"]
+        self.history.append(entry)
+        return entry
+
+    def finish(self, final: dict) -> None:
+        self.data["final"], self.data["done"] = final, True
+        self.save()
+
+    def save(self) -> None:
+        if self.path:
+            atomic_write_text(self.path, json.dumps(self.data, indent=1, allow_nan=False))
