@@ -25,14 +25,14 @@ import warnings
 import numpy as np
 
 METHODS = ("uniform", "teacache", "local_dp", "theory_dp", "instant_1batch", "instant_1sample", "gcache",
-           "forecast_on_gcache_mask", "forecast_theory_dp", "gcache_forecast")
+           "forecast_on_gcache_mask", "instant_linear", "instant_fitted", "instant_auto", "gcache_forecast")
 ONE_BATCH = 8  # samples in "one profiled batch" (instant_1batch); instant_1sample profiles a single seed
 
 
-def held_out(h, mask, seeds, lpips_net=None, forecast: int = 0) -> dict:
+def held_out(h, mask, seeds, lpips_net=None, forecast="reuse", params=None) -> dict:
     from ..search.objectives import lpips_distance, psnr, ssim
     ref = h.full(seeds)
-    img, _ = h.run(seeds, list(mask), forecast=forecast)
+    img, _ = h.run(seeds, list(mask), forecast=forecast, forecast_params=params)
     per_image = [psnr(img[i:i + 1], ref[i:i + 1]) for i in range(len(seeds))]
     out = {"psnr": psnr(img, ref), "ssim": ssim(img, ref), "psnr_per_image": per_image}
     if lpips_net is not None:
@@ -92,12 +92,15 @@ def run_n(n_steps, args, objective, lpips_net, harness_factory=None) -> dict:
     from ..search.baselines import all_baselines
     from ..search.bilevel import SearchConfig, run_search
     from ..search.cli import parse_seeds
-    from ..search.instant import instant_policy
+    from ..search.instant import choose_forecaster, instant_policy
     h = harness_factory(n_steps) if harness_factory else ReferenceHarness(n_steps)
     search_seeds, eval_seeds = parse_seeds(args.search_seeds), parse_seeds(args.eval_seeds)
-    profile = h.profile(search_seeds, forecast=True)  # E and the order-1 forecast errors E1
-    # instant policies from less: one batch of the search seeds, and a single seed (what GCache Apply auto has)
-    small = {"instant_1batch": h.profile(search_seeds[:ONE_BATCH]), "instant_1sample": h.profile(search_seeds[:1])}
+    profile = h.profile(search_seeds, forecast=True)  # E, E1 and the fit statistics
+    # instant policies from less: one batch of the search seeds (recorded as GCache Apply auto records it, with what
+    # forecasting needs), and a single seed
+    one_batch = h.profile(search_seeds[:ONE_BATCH], forecast=True)
+    small = {"instant_1batch": one_batch, "instant_1sample": h.profile(search_seeds[:1])}
+    auto_forecaster = {}
     h.full(eval_seeds)
     rows, cost = [], []
     ks = sorted({max(1, n_steps // 3), n_steps // 2, (2 * n_steps) // 3})
@@ -107,6 +110,13 @@ def run_n(n_steps, args, objective, lpips_net, harness_factory=None) -> dict:
         for name, prof in small.items():
             pol = instant_policy(prof, k, "theory")
             rows.append({"K": k, "method": name, **held_out(h, pol.mask, eval_seeds, lpips_net), "mask": pol.describe()})
+        # the instant forecast policies from one batch: linear, profile-fitted, and what Apply auto picks
+        auto_forecaster[k] = choose_forecaster(one_batch, k)[0]
+        for name, fc in (("instant_linear", "linear"), ("instant_fitted", "fitted"),
+                         ("instant_auto", auto_forecaster[k])):
+            pol = instant_policy(one_batch, k, "theory", forecast=fc)
+            rows.append({"K": k, "method": name, "mask": pol.describe(), "forecaster": fc,
+                         **held_out(h, pol.mask, eval_seeds, lpips_net, fc, pol.forecast_params)})
         t0 = time.time()
         with tempfile.TemporaryDirectory() as tmp:
             cfg = SearchConfig(k=k, degree=args.degree, budget=args.budget, seed=args.seed, objective=objective.name)
@@ -115,21 +125,19 @@ def run_n(n_steps, args, objective, lpips_net, harness_factory=None) -> dict:
         wall = time.time() - t0
         m = held_out(h, res.policy.mask, eval_seeds, lpips_net)
         rows.append({"K": k, "method": "gcache", **m, "mask": res.policy.describe()})
-        # forecasting (order 1): on the reuse search's mask, on the instant forecast-DP mask, and searched with
-        # forecasting on (masks judged under forecasting; seeded with the reuse-optimal mask too)
+        # forecasting: linear on the reuse search's mask, and searched with the forecaster auto picks (masks judged
+        # under it; seeded with the reuse-optimal mask too)
         rows.append({"K": k, "method": "forecast_on_gcache_mask", "mask": res.policy.describe(),
-                     **held_out(h, res.policy.mask, eval_seeds, lpips_net, forecast=1)})
-        fpol = instant_policy(profile, k, "theory", forecast=1)
-        rows.append({"K": k, "method": "forecast_theory_dp", "mask": fpol.describe(),
-                     **held_out(h, fpol.mask, eval_seeds, lpips_net, forecast=1)})
+                     **held_out(h, res.policy.mask, eval_seeds, lpips_net, "linear")})
+        fc = auto_forecaster[k]
         with tempfile.TemporaryDirectory() as tmp:
             fcfg = SearchConfig(k=k, degree=args.degree, budget=args.budget, seed=args.seed, objective=objective.name,
-                                forecast=1)
-            fres = run_search(profile, fcfg, h.evaluator(search_seeds, objective, forecast=1),
+                                forecast=fc)
+            fres = run_search(profile, fcfg, h.evaluator(search_seeds, objective, forecast=fc, profile=profile),
                               state_path=os.path.join(tmp, "s.json"), provenance={"seeds": search_seeds},
                               extra_masks=[("reuse_search", res.policy.mask)])  # the reuse-optimal mask too
-        rows.append({"K": k, "method": "gcache_forecast", "mask": fres.policy.describe(),
-                     **held_out(h, fres.policy.mask, eval_seeds, lpips_net, forecast=1)})
+        rows.append({"K": k, "method": "gcache_forecast", "mask": fres.policy.describe(), "forecaster": fc,
+                     **held_out(h, fres.policy.mask, eval_seeds, lpips_net, fc, fres.policy.forecast_params)})
         gp_secs = [e["gp_seconds"] for e in res.history if e["gp_seconds"] is not None]
         mu = held_out(h, res.mu_mask, eval_seeds)["psnr"]
         bst = held_out(h, res.best_mask, eval_seeds)["psnr"]
@@ -140,7 +148,7 @@ def run_n(n_steps, args, objective, lpips_net, harness_factory=None) -> dict:
                      "s": None if res.s_best is None else [round(v, 2) for v in res.s_best],
                      "search_loss": res.policy.metrics["loss"], "psnr_mu_mask": mu, "psnr_best_mask": bst,
                      "evals_to_0.3dB": convergence(res, h, eval_seeds, m["psnr"])})
-    return {"N": n_steps, "rows": rows, "cost": cost, "ks": ks}
+    return {"N": n_steps, "rows": rows, "cost": cost, "ks": ks, "auto_forecaster": auto_forecaster}
 
 
 def report(out: dict, objective_name: str, lpips: bool) -> dict:
@@ -150,32 +158,39 @@ def report(out: dict, objective_name: str, lpips: bool) -> dict:
     print(f"{'K':>3} {'method':<10} {'PSNR dB':>8} {'SSIM':>7}{' LPIPS' if lpips else ''}  mask")
     for r in rows:
         lp = f" {r['lpips']:.4f}" if lpips else ""
-        print(f"{r['K']:>3} {r['method']:<23} {r['psnr']:8.2f} {r['ssim']:7.4f}{lp}  {r['mask']}")
+        fc = f" ({r['forecaster']})" if r.get("forecaster") else ""
+        print(f"{r['K']:>3} {r['method'] + fc:<32} {r['psnr']:8.2f} {r['ssim']:7.4f}{lp}  {r['mask']}")
     print("search cost per K:")
     for c in cost:
         print("  " + ", ".join(f"{k}={v}" for k, v in c.items()))
     half = n // 2
     at_half = {r["method"]: r["psnr"] for r in rows if r["K"] == half}
-    rival = max((m for m in at_half if m != "gcache" and "forecast" not in m), key=lambda m: at_half[m])
+    reusing = ("uniform", "teacache", "local_dp", "theory_dp", "instant_1batch", "instant_1sample")  # no forecasting
+    rival = max(reusing, key=lambda m: at_half[m])
     margin = at_half["gcache"] - at_half[rival]
     per = {r["method"]: np.array(r["psnr_per_image"]) for r in rows if r["K"] == half}
     diff = per["gcache"] - per[rival]  # paired over the held-out seeds: how much of the margin is seed noise
     se = float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else float("nan")
-    best_everywhere = all(max((r for r in rows if r["K"] == k and "forecast" not in r["method"]),
+    best_everywhere = all(max((r for r in rows if r["K"] == k and r["method"] in reusing + ("gcache",)),
                               key=lambda r: r["psnr"])["method"] == "gcache" for k in out["ks"])
-    print(f"GCache best at every K: {best_everywhere}; GCache − best baseline ({rival}) at K = N/2: {margin:+.2f} dB "
+    print(f"GCache (reuse) best of the reusing methods at every K: {best_everywhere}; GCache − best baseline ({rival}) "
+          f"at K = N/2: {margin:+.2f} dB "
           f"(paired standard error over {len(diff)} held-out seeds: {se:.2f} dB)")
     # the (reuse) search against the best of everything else that reuses (instant, baselines), at every K; and
     # forecasting against reuse, both searched
-    vs_best, gain = {}, {}
+    vs_best, gain, inst_gain, fit_gain = {}, {}, {}, {}
     for k in out["ks"]:
         at_k = {r["method"]: r["psnr"] for r in rows if r["K"] == k}
-        vs_best[str(k)] = round(at_k["gcache"] - max(v for m, v in at_k.items() if m != "gcache"
-                                                     and "forecast" not in m), 3)
+        vs_best[str(k)] = round(at_k["gcache"] - max(at_k[m] for m in reusing), 3)
         gain[str(k)] = round(at_k["gcache_forecast"] - at_k["gcache"], 3)
+        inst_gain[str(k)] = round(at_k["instant_auto"] - at_k["instant_1batch"], 3)  # both from one batch
+        fit_gain[str(k)] = round(at_k["instant_fitted"] - at_k["instant_linear"], 3)
     third = str(min(out["ks"]))
-    print("forecast (order 1, searched) − reuse (searched), held-out PSNR dB per K: " +
+    print("forecast (auto's forecaster, searched) − reuse (searched), held-out PSNR dB per K: " +
           ", ".join(f"K={k}: {v:+.2f}" for k, v in gain.items()))
+    print("instant, one batch: auto's forecaster − reuse: " + ", ".join(f"K={k}: {v:+.2f}" for k, v in inst_gain.items())
+          + "; fitted − linear: " + ", ".join(f"K={k}: {v:+.2f}" for k, v in fit_gain.items())
+          + "; auto picked " + ", ".join(f"K={k}: {v}" for k, v in out["auto_forecaster"].items()))
     print("GCache − best other method (instant or baseline), held-out PSNR dB per K: " +
           ", ".join(f"K={k}: {v:+.2f}" for k, v in vs_best.items()))
     gp_end = [c["gp_s_per_iter_end"] for c in cost if c["gp_s_per_iter_end"] is not None]
@@ -185,6 +200,8 @@ def report(out: dict, objective_name: str, lpips: bool) -> dict:
             "gcache_minus_best_baseline_psnr_at_half": round(margin, 3), "margin_paired_se_db": round(se, 3),
             "search_minus_best_other_psnr": vs_best,
             "forecast_gain_db_at_third": gain[third], "forecast_min_gain_db": min(gain.values()), "forecast_gain_db": gain,
+            "instant_forecast_minus_reuse_db": inst_gain, "fitted_minus_linear_db": fit_gain,
+            "auto_forecaster": {str(k): v for k, v in out["auto_forecaster"].items()},
             "evaluations": sum(c["evaluations"] for c in cost),
             "gp_seconds_per_iter_at_end": max(gp_end) if gp_end else None, "objective": objective_name,
             "evals_to_within_0.3dB": [c["evals_to_0.3dB"] for c in cost]}

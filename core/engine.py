@@ -22,7 +22,7 @@ from typing import Callable, Hashable, Optional, Sequence
 import torch
 
 from .errors import GCacheError
-from .forecast import lagrange_weights
+from . import forecasters
 from .policy import predicted_speedup
 
 log = logging.getLogger("gcache")
@@ -38,6 +38,8 @@ class CacheStats:
     bytes_held: int = 0
     peak_bytes: int = 0
     step_seconds: dict = field(default_factory=dict)  # step -> wall seconds (filled at close)
+    stack_seconds: dict = field(default_factory=dict)  # step -> seconds in the block stack (profile runs)
+    record_seconds: dict = field(default_factory=dict)  # step -> seconds of profile recording (not the model's)
     decided: dict = field(default_factory=dict)       # step -> whether it computed the stack
 
     @classmethod
@@ -53,8 +55,9 @@ class CacheStats:
                 out.decided[step] = out.decided.get(step, False) or computed
             for k, v in p.block_runs.items():
                 out.block_runs[k] = out.block_runs.get(k, 0) + v
-            for step, t in p.step_seconds.items():
-                out.step_seconds[step] = max(out.step_seconds.get(step, 0.0), t)
+            for name in ("step_seconds", "stack_seconds", "record_seconds"):
+                for step, t in getattr(p, name).items():
+                    getattr(out, name)[step] = max(getattr(out, name).get(step, 0.0), t)
             out.stack_calls += p.stack_calls
             out.resets += p.resets
             out.peak_bytes += p.peak_bytes
@@ -73,6 +76,15 @@ class CacheStats:
         parts.append(f"cache peak {format_bytes(self.peak_bytes)}")
         return "GCache: " + ", ".join(parts)
 
+    def io_time(self) -> Optional[dict]:
+        """Seconds in the block stack and in whole steps (without profile recording), over the steps after the first
+        (its first calls warm up kernels and caches); None when the stack was not timed."""
+        steps = [s for s in self.stack_seconds if s is not None and s > 0]
+        if not steps:
+            return None
+        call = sum(self.step_seconds.get(s, 0.0) - self.record_seconds.get(s, 0.0) for s in steps)
+        return {"stack": sum(self.stack_seconds[s] for s in steps), "call": call} if call > 0 else None
+
     def measured_speedup(self, mask: Optional[Sequence[int]]) -> Optional[float]:
         """N · (mean time of a computed step) / (total time), from this run's own step timings."""
         if not self.step_seconds or mask is None:
@@ -85,52 +97,62 @@ class CacheStats:
 
 
 class _StepClock:
-    """Times sampler steps without host syncs: CUDA events on a GPU, perf_counter on the CPU."""
+    """Times sampler steps (and, in profile runs, the block stack inside them) without host syncs: CUDA events
+    on a GPU, read once at close; perf_counter on the CPU. Marks: "step" (a step's first stack entry), "in"/"out"
+    (the stack), "rec" (the end of a profile's recording after "out"), "end"; an interval counts for the step of
+    the mark it starts at."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
-        self.marks: list[tuple[int, object]] = []
+        self.marks: list[tuple[str, Optional[int], object]] = []
 
-    def mark(self, step: Optional[int]) -> None:
+    def mark(self, tag: str, step: Optional[int]) -> None:
         if self.cuda:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
-            self.marks.append((step, ev))
+            self.marks.append((tag, step, ev))
         else:
-            self.marks.append((step, time.perf_counter()))
+            self.marks.append((tag, step, time.perf_counter()))
 
-    def durations(self) -> dict:
+    def durations(self) -> tuple[dict, dict, dict]:
+        """Seconds per step: (whole step, block stack, profile recording)."""
+        total: dict = {}
+        stack: dict = {}
+        rec: dict = {}
         if len(self.marks) < 2:
-            return {}
+            return total, stack, rec
         if self.cuda:
-            self.marks[-1][1].synchronize()
-            secs = [a[1].elapsed_time(b[1]) / 1000.0 for a, b in zip(self.marks, self.marks[1:])]
+            self.marks[-1][2].synchronize()
+            secs = [a[2].elapsed_time(b[2]) / 1000.0 for a, b in zip(self.marks, self.marks[1:])]
         else:
-            secs = [b[1] - a[1] for a, b in zip(self.marks, self.marks[1:])]
-        out: dict = {}
-        for (step, _), s in zip(self.marks, secs):
-            out[step] = out.get(step, 0.0) + s
-        return out
+            secs = [b[2] - a[2] for a, b in zip(self.marks, self.marks[1:])]
+        for (tag, step, _), (nxt, _, _), s in zip(self.marks, self.marks[1:], secs):
+            total[step] = total.get(step, 0.0) + s
+            if tag == "in":
+                stack[step] = stack.get(step, 0.0) + s
+            elif tag == "out" and nxt == "rec":
+                rec[step] = rec.get(step, 0.0) + s
+        return total, stack, rec
 
 
 class ResidualCache:
     """Per-run residual reuse state. Create one per sampling run; never share it between runs or models."""
 
     def __init__(self, mask: Optional[Sequence[int]], cache_device: Optional[str | torch.device] = None,
-                 recorder=None, time_steps: bool = True, forecast: int = 0, times: Optional[Sequence[float]] = None):
+                 recorder=None, time_steps: bool = True, forecast: str | int = "reuse",
+                 times: Optional[Sequence[float]] = None, forecast_params: Optional[dict] = None):
         if mask is not None:
             mask = [int(v) for v in mask]
             if not mask or mask[0] != 1 or any(v not in (0, 1) for v in mask):
                 raise GCacheError("ResidualCache needs a 0/1 mask whose first entry is 1.")
-        if forecast not in (0, 1, 2):
-            raise GCacheError(f"The forecast order must be 0, 1 or 2, got {forecast!r}.")
-        if forecast and (mask is None or times is None or len(times) != len(mask)):
+        self.forecaster = forecasters.get(forecast)
+        if self.forecaster.keeps > 1 and (mask is None or times is None or len(times) != len(mask)):
             raise GCacheError("Forecasting needs the policy's mask and the normalized time of each of its steps.")
         self.mask = mask
-        self.forecast = forecast
+        self.forecast_params = dict(forecast_params or {})
         self.times = [float(t) for t in times] if times is not None else None
-        # Steps whose δ a later skipped step uses: the last forecast + 1 computed steps before each skip.
-        self._needed = _needed_steps(mask, forecast) if mask is not None else set()
+        # Steps whose δ a later skipped step uses: the last `keeps` computed steps before each skip.
+        self._needed = forecasters.needed_steps(mask, self.forecaster.keeps) if mask is not None else set()
         self.cache_device = torch.device(cache_device) if cache_device is not None else None
         self.recorder = recorder
         self.time_steps = time_steps
@@ -178,11 +200,14 @@ class ResidualCache:
             raise RuntimeError("ResidualCache used after close(): create a new one per sampling run.")
         keys, chunks = self._split_keys(h, branches)
         step = self.step
-        if self.time_steps and step is not None and step != self._last_clock_step:
+        if self.time_steps and step is not None:
             if self._clock is None:
                 self._clock = _StepClock(h.device)
-            self._clock.mark(step)
-            self._last_clock_step = step
+            if step != self._last_clock_step:
+                self._clock.mark("step", step)
+                self._last_clock_step = step
+            if self.recorder is not None:  # profile runs also time the stack (the measured io share)
+                self._clock.mark("in", step)
         compute = self.step_computes(step)
         forced = False
         meta = (h.shape[0] // chunks, tuple(h.shape[1:]), h.dtype, h.device)  # per chunk
@@ -217,7 +242,7 @@ class ResidualCache:
         """A copy of h: into the storage of the branch's oldest kept δ when this step's δ evicts it (same
         layout), else a new tensor. Peak memory then stays one δ per kept slot, also while the blocks run."""
         kept = self._deltas.get(key)
-        if kept and len(kept) == self.forecast + 1 and self._meta.get(key) == meta:
+        if kept and len(kept) == self.forecaster.keeps and self._meta.get(key) == meta:
             old = kept[0][1]
             if (old.device, old.dtype, old.shape, old.stride()) == (h.device, h.dtype, h.shape, h.stride()):
                 if len(kept) > 1:
@@ -239,6 +264,9 @@ class ResidualCache:
                                   f"{tuple(h.shape)}: the family adapter marks the wrong tokens as image tokens.")
             for k in keys:
                 self.stats.block_runs[k] = self.stats.block_runs.get(k, 0) + 1
+            timed = self._clock is not None and self.recorder is not None and step is not None
+            if timed:
+                self._clock.mark("out", step)
             if snaps is not None:
                 record = self.recorder is not None and step is not None
                 store = self._must_store(step, forced)
@@ -249,6 +277,8 @@ class ResidualCache:
                         self.recorder.record(step, k, hp, d)
                     if store:
                         self._store(k, step, d, meta)
+            if timed:
+                self._clock.mark("rec", step)
             return z
         if chunks == 1:
             return self._skip_out(h, keys[0], step, None)
@@ -258,13 +288,13 @@ class ResidualCache:
         return out
 
     def _skip_out(self, h: torch.Tensor, key: Hashable, step: Optional[int], out: Optional[torch.Tensor]):
-        """h + δ of the branch's last computed step (order 0), or h + its forecast at this step's time."""
+        """h + δ of the branch's last computed step (reuse), or h + the forecaster's δ̂ at this step's time."""
         kept = self._deltas[key]
         if self.cache_device is not None and kept[-1][1].device != h.device:
             kept = [(i, d.to(h.device, non_blocking=True)) for i, d in kept]
-        if len(kept) == 1 or not self.forecast or step is None or any(i is None for i, _ in kept):
+        if len(kept) == 1 or step is None or any(i is None for i, _ in kept):
             return torch.add(h, kept[-1][1], out=out)
-        w = lagrange_weights([self.times[i] for i, _ in kept], self.times[step])
+        w = self.forecaster.weights([i for i, _ in kept], step, self.times, self.forecast_params)
         out = torch.add(h, kept[-1][1], alpha=w[-1], out=out)
         for wk, (_, dk) in zip(w[:-1], kept[:-1]):
             out.add_(dk, alpha=wk)
@@ -301,7 +331,7 @@ class ResidualCache:
             kept = kept[:-1]  # another evaluation of the same step (dpm_2's midpoint): the latest stands for it
         elif kept and (step is None or kept[-1][0] is None or step < kept[-1][0]):
             kept = []
-        self._deltas[key] = (kept + [(step, delta)])[-(self.forecast + 1):]
+        self._deltas[key] = (kept + [(step, delta)])[-self.forecaster.keeps:]
         self._meta[key] = meta
         self.stats.bytes_held = sum(d.numel() * d.element_size() for v in self._deltas.values() for _, d in v)
         self.stats.peak_bytes = max(self.stats.peak_bytes, self.stats.bytes_held)
@@ -315,8 +345,8 @@ class ResidualCache:
         """Release every cached tensor (idempotent). Returns the run's statistics."""
         if self._clock is not None:
             try:
-                self._clock.mark(None)  # end of the last step
-                self.stats.step_seconds = self._clock.durations()
+                self._clock.mark("end", None)  # end of the last step
+                self.stats.step_seconds, self.stats.stack_seconds, self.stats.record_seconds = self._clock.durations()
             except RuntimeError:  # a CUDA error already in flight: timings are not worth a second failure
                 self.stats.step_seconds = {}
             self._clock = None
@@ -337,17 +367,6 @@ class ResidualCache:
 
     def summary(self, io_share: Optional[float] = None) -> str:
         return self.stats.summary(self.mask, io_share)
-
-
-def _needed_steps(mask: Sequence[int], order: int) -> set[int]:
-    """Computed steps whose δ some skipped step uses: the last order + 1 computed ones before each skip."""
-    need, computed = set(), []
-    for j, m in enumerate(mask):
-        if m:
-            computed.append(j)
-        else:
-            need.update(computed[-(order + 1):])
-    return need
 
 
 def format_bytes(n: int) -> str:

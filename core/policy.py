@@ -11,12 +11,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+from . import forecasters
 from .errors import GCacheError
 from .files import atomic_write_text
 
 POLICY_FORMAT = "gcache.policy"
-POLICY_VERSION = 1
-FORECAST_ORDERS = (0, 1, 2)
+POLICY_VERSION = 2  # 2: the forecaster by name (+ its parameters); version 1 held an order 0/1/2, still read
 
 
 def k_for_speedup(n_steps: int, speedup: float, io_share: float) -> int:
@@ -28,6 +28,26 @@ def k_for_speedup(n_steps: int, speedup: float, io_share: float) -> int:
         raise GCacheError(f"io_share must lie in [0, 1), got {io_share}.")
     k = math.ceil((n_steps / speedup - n_steps * io_share) / (1.0 - io_share) - 1e-9)
     return max(1, min(n_steps, k))
+
+
+def out_of_reach(n_steps: int, speedup: float, io_share: float) -> Optional[str]:
+    """Why a target speed-up can't be had at this step count and io share (None when it can): even K = 1 computed
+    step gives at most N / (1 + (N − 1)·io_share)."""
+    most = predicted_speedup(n_steps, 1, io_share)
+    if speedup <= most * (1 + 1e-9):
+        return None
+    return (f"a {speedup:g}x speed-up is out of reach at {n_steps} steps with an io share of {io_share:.3f} (the part "
+            f"of a step outside the block stack): the most is {most:.2f}x, with K = 1 computed step")
+
+
+def few_computed(n_steps: int, k: int) -> Optional[str]:
+    """A note when K is so small that caching may lose to simply running K steps (None otherwise): measured on the
+    reference model (bench/few_steps.py), 2 of 4 steps cached gave 22.3-23.5 dB against 24.5 dB for a 2-step run."""
+    if k > 2 or k >= n_steps:
+        return None
+    return (f"only K = {k} of {n_steps} steps compute the block stack: with so few, caching can be worse than simply "
+            f"sampling {k} steps (on the reference model at 4 steps, 2x by caching gave 22.3-23.5 dB against 24.5 dB "
+            f"for a 2-step run); a few-step (distilled) model may do better with fewer steps than with GCache")
 
 
 def predicted_speedup(n_steps: int, n_computed: int, io_share: float) -> float:
@@ -45,10 +65,12 @@ class Policy:
     method: str = "manual"
     provenance: dict = field(default_factory=dict)  # s, degree, objective, evaluations, seeds, profile…
     metrics: dict = field(default_factory=dict)     # measured loss, psnr, ssim, predicted speed-up…
-    forecast: int = 0  # on a skipped step: 0 reuses δ of the last computed step, 1/2 extrapolate (core/forecast.py)
+    forecast: str = "reuse"  # what a skipped step adds to h: a forecaster's name (core/forecasters; 0/1/2 accepted)
+    forecast_params: dict = field(default_factory=dict)  # the forecaster's parameters (profile-fitted: α per step)
 
     def __post_init__(self):
         self.mask = [int(v) if v in (0, 1, True, False) else v for v in self.mask]
+        self.forecast = forecasters.canonical(self.forecast)
         self.validate()
 
     # ------------------------------------------------------------------ basics
@@ -72,9 +94,7 @@ class Policy:
                 "The first step of a policy must compute the blocks (mask[0] = 1): there is no cached residual "
                 "to reuse before it. Set the first entry to 1."
             )
-        if self.forecast not in FORECAST_ORDERS or isinstance(self.forecast, bool):
-            raise GCacheError(f"The policy's forecast order must be one of {FORECAST_ORDERS} (0 = reuse the residual, 1 = "
-                              f"linear, 2 = quadratic), got {self.forecast!r}.")
+        _check_forecast_params(self.forecast_params, m)
         for name, seq in (("times", self.times), ("sigmas", self.sigmas)):
             if seq is not None:
                 if len(seq) != len(m):
@@ -143,6 +163,7 @@ class Policy:
         prov = dict(self.provenance, remapped_from=self.n_steps)
         return Policy.from_steps(n_steps, sorted(chosen), times=list(times) if times is not None else None,
                                  method=self.method, provenance=prov, metrics={}, forecast=self.forecast)
+        # (fitted α belong to the old steps: without them the profile-fitted forecaster forecasts linearly)
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict:
@@ -158,6 +179,7 @@ class Policy:
             "provenance": self.provenance,
             "metrics": self.metrics,
             "forecast": self.forecast,
+            "forecast_params": self.forecast_params,
         }
 
     def to_json(self) -> str:
@@ -167,7 +189,7 @@ class Policy:
     def from_dict(cls, d: dict, source: str = "policy") -> "Policy":
         if not isinstance(d, dict) or d.get("format") != POLICY_FORMAT:
             raise GCacheError(f"{source} is not a GCache policy file (no 'format': '{POLICY_FORMAT}').")
-        if d.get("version") != POLICY_VERSION:
+        if d.get("version") not in (1, POLICY_VERSION):
             raise GCacheError(
                 f"{source} has policy format version {d.get('version')!r}; this GCache reads version "
                 f"{POLICY_VERSION}. Update GCache, or run GCache Search again to make a new policy."
@@ -176,7 +198,8 @@ class Policy:
             mask = list(d["mask"])
             pol = cls(mask=mask, times=d.get("times"), sigmas=d.get("sigmas"), method=str(d.get("method", "manual")),
                       provenance=dict(d.get("provenance") or {}), metrics=dict(d.get("metrics") or {}),
-                      forecast=d.get("forecast", 0))  # files written before forecasting reuse (0)
+                      forecast=d.get("forecast", "reuse"),  # files written before forecasting reuse
+                      forecast_params=dict(d.get("forecast_params") or {}))
         except GCacheError as e:
             raise GCacheError(f"{source}: {e}") from None
         except (KeyError, TypeError, ValueError) as e:
@@ -212,6 +235,24 @@ class Policy:
             raise GCacheError(f"{os.path.basename(path)} is not a text file, so not a GCache policy (JSON). "
                               "Choose the policy's .json file.") from None
         return cls.from_json(text, source=os.path.basename(path))
+
+
+def _check_forecast_params(params: dict, mask: list) -> None:
+    """The profile-fitted forecaster's α: {"<skipped step j>": [p, i, α]} with computed p < i < j, α finite."""
+    if not isinstance(params, dict):
+        raise GCacheError("The policy's forecast_params must be a JSON object.")
+    alpha = params.get("alpha", {})
+    ok = isinstance(alpha, dict)
+    for j, v in (alpha.items() if ok else ()):
+        ok = (isinstance(j, str) and j.isdigit() and isinstance(v, list) and len(v) == 3
+              and all(isinstance(x, int) and not isinstance(x, bool) for x in v[:2])
+              and isinstance(v[2], (int, float)) and math.isfinite(v[2]) and 0 <= v[0] < v[1] < int(j) < len(mask)
+              and mask[int(j)] == 0 and mask[v[0]] == 1 and mask[v[1]] == 1)
+        if not ok:
+            break
+    if not ok:
+        raise GCacheError("The policy's fitted forecast coefficients are inconsistent with its mask (each skipped "
+                          "step j needs [p, i, α] with computed steps p < i < j): make the policy again.")
 
 
 def check_budget(k: int, n_steps: int) -> None:

@@ -34,6 +34,7 @@ from safetensors.torch import save as st_save
 
 from .errors import GCacheError
 from .files import atomic_write_bytes
+from .fit_stats import FitStats
 
 log = logging.getLogger("gcache")
 
@@ -44,6 +45,8 @@ PROFILE_VERSION = 1
 MAX_ELEMS = 1 << 25
 MAX_SAMPLE_KEYS = 4096  # run keys remembered per profile for the duplicate check (16 hex digits each)
 _TENSORS = ("e_sum", "delta_norm_sum", "rel_delta_sum", "rel_h_sum", "times", "sigmas")
+# recorded with forecasting on (E1, fit statistics): name -> shape for N steps
+_OPTIONAL = {"e1_sum": lambda n: (n, n, n), "fit_sq_sum": lambda n: (n, n, 2), "fit_cross_sum": lambda n: (n, n, n, 2)}
 
 
 @dataclass
@@ -58,6 +61,8 @@ class Profile:
     sigmas: np.ndarray                # [N] sampler sigma per step
     meta: dict = field(default_factory=dict)
     e1_sum: Optional[np.ndarray] = None  # [N, N, N] Σ mean |δ_j − linear forecast from p < i| (p < i < j), or None
+    fit_sq_sum: Optional[np.ndarray] = None     # [N, N, 2] Σ mean (δ_i − δ_j)² per fold (fit_stats.py), or None
+    fit_cross_sum: Optional[np.ndarray] = None  # [N, N, N, 2] Σ mean (δ_i − δ_p)(δ_j − δ_i) per fold, or None
 
     # ------------------------------------------------------------------ views
     @property
@@ -88,6 +93,26 @@ class Profile:
             raise GCacheError("This profile has no forecast errors (E1): profile again with forecast recording on "
                               "(GCache Profile's 'record forecast errors', or ProfileRecorder(forecast=True)).")
         return self.e1_sum / self.count
+
+    def has_fit_stats(self) -> bool:
+        return self.fit_sq_sum is not None and self.fit_cross_sum is not None
+
+    def fit_stats(self) -> FitStats:
+        """The squared-error statistics of linear-form forecasts (the profile-fitted forecaster needs them)."""
+        self._need_samples()
+        if not self.has_fit_stats():
+            raise GCacheError("This profile has no forecast statistics: profile again with forecast recording on "
+                              "(GCache Profile's 'record_forecast', GCache Apply (auto) records them itself).")
+        return FitStats(self.fit_sq_sum / self.count, self.fit_cross_sum / self.count)
+
+    @property
+    def io_share(self) -> float:
+        """Share of a step's time outside the block stack: measured while profiling (the stack timed against the
+        whole model call) when the profile has it, else the parameter-count estimate it was made with (0: none)."""
+        t = self.meta.get("io_time")
+        if isinstance(t, dict) and t.get("call", 0) > 0:
+            return float(min(max(1.0 - t["stack"] / t["call"], 0.0), 0.99))
+        return float(self.meta.get("io_share", 0.0))
 
     @property
     def sample_keys(self) -> list[str]:
@@ -130,23 +155,32 @@ class Profile:
         keys = self.sample_keys + [k for k in other.sample_keys if k not in self.sample_keys]
         if keys:
             meta["sample_keys"] = keys[-MAX_SAMPLE_KEYS:]
-        e1 = None
-        if self.e1_sum is not None and other.e1_sum is not None:
-            e1 = self.e1_sum + other.e1_sum
-        elif (self.e1_sum is None) != (other.e1_sum is None) and self.count and other.count:
+        ta, tb = self.meta.get("io_time"), other.meta.get("io_time")
+        if isinstance(ta, dict) and isinstance(tb, dict):  # timed runs add up
+            meta["io_time"] = {k: float(ta.get(k, 0.0)) + float(tb.get(k, 0.0)) for k in ("stack", "call")}
+        extra = {}
+        for name in ("e1_sum", "fit_sq_sum", "fit_cross_sum"):
+            a, b = getattr(self, name), getattr(other, name)
+            if a is not None and b is not None:
+                extra[name] = a + b
+            elif self.count == 0 or other.count == 0:
+                extra[name] = a if other.count == 0 else b
+        if (self.e1_sum is None) != (other.e1_sum is None) and self.count and other.count:
             log.warning("GCache Profile: one of the merged profiles has no forecast errors (E1); the result keeps "
                         "none. Profile every run with forecast recording on to keep them.")
-        elif self.count == 0:
-            e1 = other.e1_sum
+        elif self.has_fit_stats() != other.has_fit_stats() and self.count and other.count:
+            log.warning("GCache Profile: one of the merged profiles has no forecast statistics (made before the "
+                        "profile-fitted forecaster); the result keeps none. Profile again to fit forecasts.")
         return Profile(self.n_steps, self.e_sum + other.e_sum, self.count + other.count,
                        self.delta_norm_sum + other.delta_norm_sum, self.rel_delta_sum + other.rel_delta_sum,
-                       self.rel_h_sum + other.rel_h_sum, self.times.copy(), self.sigmas.copy(), meta, e1)
+                       self.rel_h_sum + other.rel_h_sum, self.times.copy(), self.sigmas.copy(), meta, **extra)
 
     # ------------------------------------------------------------------ file
     def to_bytes(self) -> bytes:
         tensors = {k: torch.from_numpy(np.ascontiguousarray(getattr(self, k), dtype=np.float64)) for k in _TENSORS}
-        if self.e1_sum is not None:
-            tensors["e1_sum"] = torch.from_numpy(np.ascontiguousarray(self.e1_sum, dtype=np.float64))
+        for name in ("e1_sum", "fit_sq_sum", "fit_cross_sum"):
+            if getattr(self, name) is not None:
+                tensors[name] = torch.from_numpy(np.ascontiguousarray(getattr(self, name), dtype=np.float64))
         meta = {"format": PROFILE_FORMAT, "version": str(PROFILE_VERSION), "n_steps": str(self.n_steps),
                 "count": str(self.count), "meta": json.dumps(self.meta, allow_nan=False)}
         return st_save(tensors, metadata=meta)
@@ -172,11 +206,13 @@ class Profile:
             count = int(meta["count"])
             extra = json.loads(meta.get("meta", "{}"))
             arrays = {k: tensors[k].double().numpy() for k in _TENSORS}
-            e1 = tensors["e1_sum"].double().numpy() if "e1_sum" in tensors else None
+            opt = {k: tensors[k].double().numpy() if k in tensors else None for k in _OPTIONAL}
         except (KeyError, ValueError, json.JSONDecodeError) as e:
             raise GCacheError(f"{source} is damaged (missing or bad {e}); delete it and profile again.") from None
         shapes_ok = arrays["e_sum"].shape == (n, n) and all(arrays[k].shape == (n,) for k in _TENSORS[1:]) \
-            and (e1 is None or (e1.shape == (n, n, n) and np.all(np.isfinite(e1)) and not np.any(e1 < 0)))
+            and all(a is None or (a.shape == shape(n) and np.all(np.isfinite(a)))
+                    for a, shape in zip(opt.values(), _OPTIONAL.values())) \
+            and all(opt[k] is None or not np.any(opt[k] < 0) for k in ("e1_sum", "fit_sq_sum"))
         if not shapes_ok or count < 0:
             raise GCacheError(f"{source} is inconsistent (its arrays do not match n_steps={n}); delete it and "
                               "profile again.")
@@ -192,7 +228,7 @@ class Profile:
             raise GCacheError(f"{source} is inconsistent (bad metadata, negative or non-zero-diagonal errors, or sums "
                               "without samples): it was edited or damaged. Delete it and profile again.")
         return cls(n, arrays["e_sum"], count, arrays["delta_norm_sum"], arrays["rel_delta_sum"],
-                   arrays["rel_h_sum"], arrays["times"], arrays["sigmas"], extra, e1)
+                   arrays["rel_h_sum"], arrays["times"], arrays["sigmas"], extra, **opt)
 
     @classmethod
     def load(cls, path: str) -> "Profile":
@@ -254,6 +290,10 @@ class _BranchHistory:
         self.rel_h = torch.zeros(n_steps, dtype=torch.float64, device=delta.device)
         # E1[p, i, j] (order-1 forecast errors): N³ float64, 216 KB at N = 30, 1 MB at N = 50
         self.e1 = torch.zeros((n_steps,) * 3, dtype=torch.float64, device=delta.device) if self.times else None
+        # the fit statistics (fit_stats.py), per fold of even / odd elements: N²·2 and N³·2 float64
+        self.sq = torch.zeros((n_steps, n_steps, 2), dtype=torch.float64, device=delta.device) if self.times else None
+        self.cross = torch.zeros((n_steps,) * 3 + (2,), dtype=torch.float64, device=delta.device) \
+            if self.times else None
         self.recorded = [False] * n_steps
         self.prev_h: Optional[torch.Tensor] = None
         self.rows_per_chunk = max(1, chunk_elems // max(1, self.numel))
@@ -266,8 +306,12 @@ class _BranchHistory:
         # asynchronous device-to-host copies, and only a copy queued on the same stream (a slice's .to()) is
         # ordered after them; indexing rows on the host (hist[[0, 2]]) would read them before they land.
         for lo, hi in _spans([i for i in range(step) if self.recorded[i]], self.rows_per_chunk):
-            block = self.hist[lo:hi].to(self.device, non_blocking=True)
-            vals = (block - d).abs_().mean(dim=1, dtype=torch.float32).double()
+            diff = self.hist[lo:hi].to(self.device, non_blocking=True) - d
+            if self.sq is not None:
+                sq = _fold_means(diff.float().square_())
+                self.sq[step, lo:hi] = sq
+                self.sq[lo:hi, step] = sq
+            vals = diff.abs_().mean(dim=1, dtype=torch.float32).double()
             self.rows[step, lo:hi] = vals
             self.rows[lo:hi, step] = vals
         if self.e1 is not None:
@@ -295,15 +339,24 @@ class _BranchHistory:
         dj = d.float()
         for n, i in enumerate(done[1:], 1):
             di = self.hist[i].to(self.device, torch.float32, non_blocking=True, copy=True)
+            step_ij = dj - di
             for lo, hi in _spans(done[:n], self.rows_per_chunk):
                 c = c_all[lo:hi, i][:, None]
                 block = self.hist[lo:hi].to(self.device, torch.float32, non_blocking=True, copy=True)
+                self.cross[lo:hi, i, j] = _fold_means((di - block).mul_(step_ij))  # (δ_i − δ_p)·(δ_j − δ_i)
                 pred = block.mul_(-c).add_(di * (1 + c))  # (1 + c)·δ_i − c·δ_p, in float32, in the copy
                 self.e1[lo:hi, i, j] = pred.sub_(dj).abs_().mean(dim=1).double()
 
     def nbytes(self) -> int:
         return self.hist.numel() * self.hist.element_size() + (0 if self.prev_h is None else
                                                                self.prev_h.numel() * self.prev_h.element_size())
+
+
+def _fold_means(x: torch.Tensor) -> torch.Tensor:
+    """Means of rows over their even and over their odd elements: [rows, m] -> [rows, 2] float64 (an odd last
+    element is left out)."""
+    half = x.shape[1] // 2
+    return x[:, :2 * half].reshape(x.shape[0], half, 2).mean(dim=1, dtype=torch.float32).double()
 
 
 class ProfileRecorder:
@@ -316,7 +369,7 @@ class ProfileRecorder:
                  history_device: Optional[str | torch.device] = None, chunk_elems: int = 1 << 25,
                  max_elems: Optional[int] = MAX_ELEMS, forecast: bool = False):
         self.times = list(times)
-        self.forecast = forecast  # also record E1 (order-1 forecast errors): O(N³·m) work over the run
+        self.forecast = forecast  # also record E1 and the fit statistics: O(N³·m) work over the run
         self.sigmas = list(sigmas) if sigmas is not None else list(times)
         self.n_steps = len(self.times)
         self.meta = dict(meta or {})
@@ -372,10 +425,11 @@ class ProfileRecorder:
                 rel[1:] = np.diag(rows, 1) / np.maximum(norms[:-1], 1e-12)
                 prof.e_sum += rows
                 if b.e1 is not None:
-                    e1 = b.e1.cpu().numpy()
-                    if not np.all(np.isfinite(e1)):
-                        raise GCacheError(f"The forecast errors of branch {key!r} are NaN/Inf; nothing was added.")
-                    prof.e1_sum = e1 if prof.e1_sum is None else prof.e1_sum + e1
+                    for name, t in (("e1_sum", b.e1), ("fit_sq_sum", b.sq), ("fit_cross_sum", b.cross)):
+                        a = t.cpu().numpy()
+                        if not np.all(np.isfinite(a)):
+                            raise GCacheError(f"The forecast errors of branch {key!r} are NaN/Inf; nothing was added.")
+                        setattr(prof, name, a if getattr(prof, name) is None else getattr(prof, name) + a)
                 prof.delta_norm_sum += norms
                 prof.rel_delta_sum += rel
                 prof.rel_h_sum += relh

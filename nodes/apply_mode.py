@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from ..core.engine import CacheStats, ResidualCache
-from ..core.errors import GCacheError
-from ..core.policy import FORECAST_ORDERS, Policy
+from ..core import forecasters
+from ..core.policy import Policy
 from .adapters import Route
 from .profile_mode import SPLITS
 from .run_config import RunConfig, check_step_mismatch, where_run
@@ -22,35 +22,35 @@ class ApplyConfig(RunConfig):
     policy: Optional[Policy] = None
     on_mismatch: str = "remap"       # "remap" | "error"
     cache_device: Optional[str] = None  # None: the model's device; "cpu"
-    forecast: Optional[int] = None   # None: the policy's forecast order; 0/1/2 override it
-    note: str = ""                   # what chose this policy, for the log line (auto mode)
+    forecast: Optional[str] = None   # None: the policy's forecaster; a forecaster's name overrides it
 
     def start_run(self, patcher, run_sigmas: list[float], sample_key: Callable[[], str]) -> RunState:
         SPLITS.expire()  # a new prompt drops abandoned split recordings, whichever GCache node samples first
         pol = self.policy
         sched, times, tracker = where_run(patcher, run_sigmas, pol.sigmas, lambda s: pol.n_steps == s.n_run)
         placement = place_policy(pol, sched, times, self.on_mismatch)
-        order = pol.forecast if self.forecast is None else self.forecast
+        fc = forecasters.get(pol.forecast if self.forecast is None else self.forecast)
+        params = pol.forecast_params if fc.name == pol.forecast and placement.mask == pol.mask else {}
         mask, cache_device = placement.mask, self.cache_device
+        io_share = float(pol.metrics.get("io_share", self.io_share))  # measured by the profile it was made from
 
         def finish(run: RunState, stats: CacheStats, ok: bool):
             self.warn_if_unpatched(run, stats)
-            extra = [x for x in (self.note, placement.note,
+            extra = [x for x in (placement.note,
                                  self.adapter.name if self.adapter.route == Route.FALLBACK else "",
-                                 f"forecast order {order}, {order + 1} residuals kept per branch" if order else "")
+                                 f"forecast {fc.name}, {fc.keeps} residuals kept per branch" if fc.keeps > 1 else "")
                      if x]
-            log.info("%s [%s, %s%s]%s", stats.summary(mask, self.io_share), self.model_name, sched.where(),
+            log.info("%s [%s, %s%s]%s", stats.summary(mask, io_share), self.model_name, sched.where(),
                      "".join(f"; {x}" for x in extra), "" if ok else " (sampling did not finish)")
 
         # forecasting in the model's normalized time of the global schedule (t = σ for flow models)
-        return RunState(lambda: ResidualCache(mask, cache_device=cache_device, forecast=order, times=times), tracker,
-                        self.owner, on_close=finish)
+        return RunState(lambda: ResidualCache(mask, cache_device=cache_device, forecast=fc.name, times=times,
+                                              forecast_params=params), tracker, self.owner, on_close=finish)
 
 
 def apply_config(model, policy: Policy, on_mismatch: str = "remap", cache_device: Optional[str] = None,
                  forecast: Optional[int] = None) -> ApplyConfig:
     check_step_mismatch(on_mismatch)
-    if forecast is not None and forecast not in FORECAST_ORDERS:
-        raise GCacheError(f"The forecast order must be 0, 1 or 2 (or the policy's), got {forecast!r}.")
     return ApplyConfig(**RunConfig.describe(model.get_model_object("diffusion_model")), policy=policy,
-                       on_mismatch=on_mismatch, cache_device=cache_device, forecast=forecast)
+                       on_mismatch=on_mismatch, cache_device=cache_device,
+                       forecast=None if forecast is None else forecasters.canonical(forecast))

@@ -18,7 +18,8 @@ GCacheProfile = io.Custom("GCACHE_PROFILE")
 FOLDER = "gcache"
 NO_FILE = "(none)"
 AUTO = "(auto)"
-FORECAST = {"reuse (0)": 0, "linear (1)": 1, "quadratic (2)": 2}  # combo label → forecast order
+# combo label → forecaster (core/forecasters); the labels of saved workflows stay valid
+FORECAST = {"reuse (0)": "reuse", "linear (1)": "linear", "quadratic (2)": "quadratic", "fitted (profile)": "fitted"}
 
 
 def register_folder() -> None:
@@ -34,6 +35,11 @@ def folder() -> str:
     path = folder_paths.get_folder_paths(FOLDER)[0]
     os.makedirs(path, exist_ok=True)
     return path
+
+
+def all_folders() -> list[str]:
+    register_folder()
+    return list(folder_paths.get_folder_paths(FOLDER))
 
 
 def all_files() -> list[str]:

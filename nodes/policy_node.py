@@ -8,7 +8,7 @@ from comfy_api.latest import io
 
 from ..core.errors import GCacheError
 from ..core.files import safe_name
-from ..core.policy import check_budget, k_for_speedup
+from ..core.policy import check_budget, few_computed, k_for_speedup, out_of_reach
 from ..search.instant import METHODS, instant_policy, propagation_weights
 from ..search.plots import plot_policy
 from . import artifacts
@@ -28,11 +28,15 @@ def parse_s(text: str) -> list[float]:
 
 def budget_k(profile, budget: str, k: int, speedup: float) -> int:
     """K from the node's budget: given directly, or the largest speed-up not above the target, with the io share
-    the profile recorded (0 for profiles without it: then speed-up = N / K)."""
+    the profile measured (or estimated; 0 for profiles without one: then speed-up = N / K). A target out of reach
+    is said, not silently turned into K = 1."""
     if budget == "K":
         check_budget(k, profile.n_steps)
         return k
-    return k_for_speedup(profile.n_steps, speedup, float(profile.meta.get("io_share", 0.0)))
+    why = out_of_reach(profile.n_steps, speedup, profile.io_share)
+    if why:
+        log.warning("GCache Policy: %s; using K = 1.", why)
+    return k_for_speedup(profile.n_steps, speedup, profile.io_share)
 
 
 class GCachePolicy(io.ComfyNode):
@@ -56,8 +60,9 @@ class GCachePolicy(io.ComfyNode):
                 io.String.Input("bernstein_s", default="2, 1, 0.5, 0",
                                 tooltip="Bernstein coefficients s for method = bernstein (degree = count − 1)."),
                 io.Combo.Input("forecast", options=list(cc.FORECAST), default="reuse (0)", optional=True,
-                               tooltip="Skipped steps reuse the residual, or forecast it (the mask is then chosen for "
-                                       "forecasting: needs a profile recorded with record_forecast)."),
+                               tooltip="Skipped steps reuse the residual, or forecast it linearly, quadratically or "
+                                       "with coefficients fitted to the profile (the mask is then chosen for that "
+                                       "forecaster: needs a profile recorded with record_forecast)."),
                 io.String.Input("save_name", default="",
                                 tooltip="Save as models/gcache/<name>.json for GCache Apply's list (empty: not saved)."),
             ],
@@ -81,9 +86,12 @@ class GCachePolicy(io.ComfyNode):
         cc.check_choice("forecast", forecast, list(cc.FORECAST))
         t0 = time.perf_counter()
         kk = budget_k(profile, budget, k, speedup)
+        note = few_computed(profile.n_steps, kk)
+        if note:
+            log.warning("GCache Policy: %s.", note)
         s = parse_s(bernstein_s) if method == "bernstein" else None
         policy = instant_policy(profile, kk, method, s, forecast=cc.FORECAST[forecast])
-        io_share = float(profile.meta.get("io_share", 0.0))
+        io_share = profile.io_share
         policy.metrics["predicted_speedup"] = round(policy.predicted_speedup(io_share), 3)
         ms = (time.perf_counter() - t0) * 1e3
         log.info("GCache Policy: %s, K = %d of %d, predicted speed-up %.2fx (io share %.3f), %.1f ms: %s", method, kk,

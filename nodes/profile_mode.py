@@ -119,6 +119,10 @@ class ProfileConfig(RunConfig):
             if run.disabled is not None:
                 log.info("GCache Profile: this run recorded nothing (%s); nothing was added.", run.disabled)
                 return
+            timed = stats.io_time()  # the block stack against whole steps: the measured io share
+            if timed is not None and recorder is not None:
+                old_t = recorder.meta.get("io_time") or {"stack": 0.0, "call": 0.0}
+                recorder.meta["io_time"] = {k: old_t[k] + timed[k] for k in ("stack", "call")}
             if sched.end < sched.n_global:
                 SPLITS.put(path, _Half(recorder, key, sched.end, sched.sigmas, SPLITS.prompt_id()))
                 if recorder is not None:

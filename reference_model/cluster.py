@@ -15,6 +15,7 @@ import sys
 import time
 from typing import Optional, Sequence
 
+from ..core import forecasters
 from ..core.errors import GCacheError
 from ..search.cli import parse_seeds, set_threads
 from ..search.objectives import OBJECTIVES
@@ -24,13 +25,14 @@ from ..search.ray_executor import RayExecutor, message, require_ray
 class ReferenceWorker:
     """Evaluates masks on the bundled reference model (one instance per Ray actor)."""
 
-    def __init__(self, n_steps: int, seeds: Sequence[int], objective: str, forecast: int = 0, threads: int = 1):
+    def __init__(self, n_steps: int, seeds: Sequence[int], objective: str, forecast="reuse", threads: int = 1,
+                 profile=None):
         set_threads(threads)
         from ..search.objectives import make_objective
         from .harness import ReferenceHarness
         self.h = ReferenceHarness(n_steps)
         self.seeds, self.forecast = list(seeds), forecast
-        self.evaluate = self.h.evaluator(self.seeds, make_objective(objective), forecast=forecast)
+        self.evaluate = self.h.evaluator(self.seeds, make_objective(objective), forecast=forecast, profile=profile)
 
     def run(self, mask: list) -> list:
         return self.evaluate(mask)
@@ -49,7 +51,8 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--budget", type=int, default=64)  # SearchConfig's default
     ap.add_argument("--degree", type=int, default=3)
     ap.add_argument("--objective", default="ssim", choices=OBJECTIVES)
-    ap.add_argument("--forecast", type=int, default=0, choices=(0, 1, 2))
+    ap.add_argument("--forecast", default="reuse", choices=("reuse", "linear", "quadratic", "fitted", "0", "1", "2"),
+                    help="the forecaster masks are applied with (0/1/2: reuse/linear/quadratic)")
     ap.add_argument("--search-seeds", default="1000-1015")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="cluster_out")
@@ -93,6 +96,10 @@ def _run(a) -> int:
         except OSError as e:
             raise GCacheError(f"Can't read the profile {a.profile} ({e}).") from None
         a.steps, a.workers = profile.n_steps, len(urls)  # one actor per server
+    a.forecast = forecasters.canonical(int(a.forecast) if a.forecast.isdigit() else a.forecast)
+    if a.comfyui and a.forecast == "fitted":
+        raise GCacheError("The ComfyUI workers apply reuse, linear or quadratic forecasts; the profile-fitted one "
+                          "needs the profile in every worker: use --forecast linear here, or GCache Search in ComfyUI.")
     config = SearchConfig(k=a.k, degree=a.degree, budget=a.budget, seed=a.seed, objective=a.objective,
                           forecast=a.forecast)
     config.validate(a.steps)
@@ -103,8 +110,9 @@ def _run(a) -> int:
     if a.comfyui:
         ex = RayExecutor.start_each(ComfyUIWorker, [((u, workflow, seeds, a.objective, a.forecast), {}) for u in urls])
     else:
-        profile = ReferenceHarness(a.steps).profile(seeds, forecast=bool(a.forecast))
-        ex = RayExecutor.start(ReferenceWorker, a.workers, a.steps, seeds, a.objective, a.forecast)
+        profile = ReferenceHarness(a.steps).profile(seeds, forecast=a.forecast != "reuse")
+        ex = RayExecutor.start(ReferenceWorker, a.workers, a.steps, seeds, a.objective, a.forecast, 1,
+                               profile if a.forecast == "fitted" else None)
     try:
         ex.pids(timeout_s=a.start_timeout)
         os.makedirs(a.out, exist_ok=True)

@@ -8,6 +8,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from ..core import forecasters
 from ..core.engine import CacheStats, ResidualCache
 from ..core.policy import Policy
 from ..core.profile import Profile, ProfileRecorder
@@ -37,12 +38,14 @@ class ReferenceHarness:
                 "scheduler": f"flow_shift_{self.shift:g}", "steps": self.n_steps, "cfg": self.cfg_scale}
 
     def run(self, seeds: Sequence[int], mask: Optional[Sequence[int]] = None, recorder=None,
-            cache_device=None, forecast: int = 0) -> tuple[torch.Tensor, Optional[CacheStats]]:
-        """Images in [0, 1]. mask=None and no recorder: the model without GCache at all."""
+            cache_device=None, forecast="reuse", forecast_params: Optional[dict] = None
+            ) -> tuple[torch.Tensor, Optional[CacheStats]]:
+        """Images in [0, 1]. mask=None and no recorder: the model without GCache at all. forecast: a forecaster's
+        name (core/forecasters) and its parameters (the profile-fitted one's α)."""
         if mask is None and recorder is None:
             return to_unit(sample(self.model, labels_for(seeds), seeds, self.n_steps, self.cfg_scale, self.shift)), None
         with ResidualCache(mask, cache_device=cache_device, recorder=recorder, forecast=forecast,
-                           times=self.times if mask is not None else None) as cache:
+                           times=self.times if mask is not None else None, forecast_params=forecast_params) as cache:
             img = sample(self.model, labels_for(seeds), seeds, self.n_steps, self.cfg_scale, self.shift, cache=cache)
         return to_unit(img), cache.stats
 
@@ -55,18 +58,23 @@ class ReferenceHarness:
     def profile(self, seeds: Sequence[int], history_device=None, forecast: bool = False) -> Profile:
         """One full-compute run per seed batch; every CFG branch of every run is one sample of E (and E1)."""
         rec = ProfileRecorder(self.times, self.sigmas, self.meta, history_device=history_device, forecast=forecast)
-        images, _ = self.run(seeds, mask=None, recorder=rec)
+        images, stats = self.run(seeds, mask=None, recorder=rec)
+        if stats.io_time() is not None:  # the stack timed against whole steps: the measured io share
+            rec.meta["io_time"] = stats.io_time()
         self._full_cache.setdefault(tuple(int(s) for s in seeds), images)  # a profiled run is a full run
         return rec.finish()
 
     def evaluator(self, seeds: Sequence[int], objective: Callable[[torch.Tensor, torch.Tensor], float],
-                  forecast: int = 0):
+                  forecast="reuse", profile: Optional[Profile] = None):
         """evaluate(mask) -> the loss of each seed's image sampled under mask against its full-compute image
-        (the search averages them, and compares masks seed by seed)."""
+        (the search averages them, and compares masks seed by seed). A forecaster with parameters (profile-fitted)
+        fits them to each mask from `profile`."""
         ref = self.full(seeds)
+        fc = forecasters.get(forecast)
 
         def evaluate(mask: Sequence[int]) -> list[float]:
-            img, _ = self.run(seeds, mask=list(mask), forecast=forecast)
+            params = fc.fit(profile, list(mask)) if profile is not None else {}
+            img, _ = self.run(seeds, mask=list(mask), forecast=fc.name, forecast_params=params)
             return [float(objective(img[i:i + 1], ref[i:i + 1])) for i in range(img.shape[0])]
         return evaluate
 
@@ -84,10 +92,15 @@ class ReferenceHarness:
             for _ in range(2):
                 model(x, s, y), model(x, s, y, stack=skip)
             for _ in range(repeats):
-                t0 = time.perf_counter(); model(x, s, y); t1 = time.perf_counter()
-                model(x, s, y, stack=skip); t2 = time.perf_counter()
-                full_t.append(t1 - t0); io_t.append(t2 - t1)
-        full_t.sort(); io_t.sort()
+                t0 = time.perf_counter()
+                model(x, s, y)
+                t1 = time.perf_counter()
+                model(x, s, y, stack=skip)
+                t2 = time.perf_counter()
+                full_t.append(t1 - t0)
+                io_t.append(t2 - t1)
+        full_t.sort()
+        io_t.sort()
         return min(1.0, io_t[len(io_t) // 2] / full_t[len(full_t) // 2])
 
     def policy_from_mask(self, mask: Sequence[int], method: str, **prov) -> Policy:

@@ -34,6 +34,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 
 import numpy as np
 
+from ..core import forecasters
 from ..core.errors import GCacheError
 from ..core.policy import Policy, check_budget
 from ..core.profile import Profile
@@ -42,26 +43,31 @@ from .baselines import teacache_mask
 from .dp import dp_mask
 from .dp_forecast import dp_mask_forecast
 from .gp import GPLCB, kappa_schedule, start_grid
-from .instant import instant_policy
+from .instant import instant_name, instant_policy
 from .state import SearchState
 
 log = logging.getLogger("gcache")
 SEARCH_MAX_DEGREE = 4  # GP dimension d + 1 ≤ 5 and a 2^(d+1) start grid (core.weights allows 8)
 NOISE_Z = 2.0  # a searched mask must beat the best instant one by this many paired standard errors over seeds
 
-# The instant masks the search measures first: the instant DP masks for the order the search applies (and, when
-# forecasting, the reuse-optimal theory mask too), then the TeaCache-like one. name -> (instant method, order)
-INSTANT_MASKS = {0: {"theory_dp": ("theory", 0), "local_dp": ("local", 0), "teacache": None},
-                 1: {"theory_dp_forecast": ("theory", 1), "local_dp_forecast": ("local", 1), "theory_dp": ("theory", 0),
-                     "teacache": None}}
 
 
-def instant_masks(profile: Profile, k: int, forecast: int = 0) -> list[tuple[str, list]]:
+def instant_methods(forecast: str) -> dict:
+    """The instant masks the search measures first, name -> (instant method, forecaster) or None (TeaCache-like):
+    the instant DP masks for the forecaster the search applies (and, when forecasting, the reuse-optimal theory
+    mask too), then the TeaCache-like one."""
+    if forecast == "reuse":
+        return {"theory_dp": ("theory", "reuse"), "local_dp": ("local", "reuse"), "teacache": None}
+    return {instant_name("theory", forecast): ("theory", forecast), instant_name("local", forecast): ("local", forecast),
+            "theory_dp": ("theory", "reuse"), "teacache": None}
+
+
+def instant_masks(profile: Profile, k: int, forecast="reuse") -> list[tuple[str, list]]:
     """(method name, mask) of the instant masks, in the order the search measures them."""
     def mask(how) -> list:
         return teacache_mask(profile.rel_h, k)[0] if how is None else \
             instant_policy(profile, k, how[0], forecast=how[1]).mask
-    return [(name, mask(how)) for name, how in INSTANT_MASKS[1 if forecast else 0].items()]
+    return [(name, mask(how)) for name, how in instant_methods(forecasters.canonical(forecast)).items()]
 
 
 def start_masks(profile: Profile, config: SearchConfig,
@@ -93,16 +99,17 @@ class SearchConfig:
     warm_maxiter: int = 30
     cold_every: int = 50
     log_loss: bool = True   # the GP models log(loss) when losses are ≥ 0 (they span decades; see gp_targets)
-    forecast: int = 0       # the order masks are applied with (evaluate must apply it); 1 and 2 use the order-1 DP
+    forecast: str = "reuse"  # the forecaster masks are applied with (evaluate must apply it); its DP picks them
+
+    def __post_init__(self):
+        self.forecast = forecasters.canonical(self.forecast)  # old callers pass an order 0/1/2
 
     def validate(self, n_steps: int, n_extra_masks: int = 0) -> None:
         """Raises on a config that can't search N = n_steps; `n_extra_masks`: the caller's extra start masks."""
         check_budget(self.k, n_steps)
         if not isinstance(self.degree, int) or not 1 <= self.degree <= SEARCH_MAX_DEGREE:
             raise GCacheError(f"degree must be a whole number in 1..{SEARCH_MAX_DEGREE} (the paper uses 3), got {self.degree!r}.")
-        if self.forecast not in (0, 1, 2):
-            raise GCacheError(f"forecast must be 0 (reuse), 1 or 2, got {self.forecast!r}.")
-        starts, grid = len(INSTANT_MASKS[1 if self.forecast else 0]) + n_extra_masks, 2 ** (self.degree + 1)
+        starts, grid = len(instant_methods(self.forecast)) + n_extra_masks, 2 ** (self.degree + 1)
         least = starts + grid + 1  # the GP proposes at least once
         if not isinstance(self.budget, int) or self.budget < least:
             raise GCacheError(f"budget = {self.budget!r} evaluations covers at most the {starts} start masks and the "
@@ -118,6 +125,8 @@ class SearchConfig:
         """What makes two searches the same search: everything but the budget (a larger budget continues it)."""
         d = asdict(self)
         d.pop("budget")
+        # state files written when the forecast was an order (0/1/2) keep their id
+        d["forecast"] = {"reuse": 0, "linear": 1, "quadratic": 2}.get(self.forecast, self.forecast)
         return d
 
 
@@ -206,7 +215,9 @@ def run_batch_search(profile: Profile, config: SearchConfig, executor: Executor,
     E, times = profile.E, np.asarray(profile.times, dtype=np.float64)
     if E.shape != (n, n) or times.shape != (n,):
         raise GCacheError(f"The profile is inconsistent: E is {E.shape} and has {times.size} times for {n} steps.")
-    E1 = profile.E1 if config.forecast else None  # a profile without forecast errors stops here, with the fix
+    # the forecaster's error tensors: a profile without forecast errors stops here, with the fix
+    fc = forecasters.get(config.forecast)
+    E2, E3 = fc.dp_errors(profile)
     provenance = json.loads(json.dumps(dict(provenance or {}), default=str))
     state = SearchState.open(state_path, config, profile, provenance)
     starts = start_masks(profile, config, extra_masks)
@@ -217,7 +228,7 @@ def run_batch_search(profile: Profile, config: SearchConfig, executor: Executor,
 
     def mask_for(s) -> tuple[list, float]:
         w = bernstein_w(times, s)
-        return dp_mask_forecast(E, E1, w, config.k) if E1 is not None else dp_mask(E, w, config.k)
+        return dp_mask_forecast(E2, E3, w, config.k) if E3 is not None else dp_mask(E2, w, config.k)
 
     def propose(j: int) -> dict:
         """Proposal j: a start mask, a start grid point, or GP-LCB's next s."""
@@ -368,7 +379,7 @@ def _result(state: SearchState, profile: Profile, config: SearchConfig) -> tuple
         unchecked = gain is None or gain["se"] is None
         if not unchecked and gain["mean"] + NOISE_Z * gain["se"] >= 0:
             chosen, how, won = instant, "instant_within_noise", instant["method"]
-    own = "theory_dp_forecast" if config.forecast else "theory_dp"  # the instant policy of the same order
+    own = instant_name("theory", config.forecast)  # the instant policy of the same forecaster
     theory = next((h for h in hist if h.get("method") == own), None)
     vs = paired_difference(masks[chosen["mask"]].get("per_seed"), masks[theory["mask"]].get("per_seed")) \
         if theory is not None else None
@@ -382,10 +393,11 @@ def _result(state: SearchState, profile: Profile, config: SearchConfig) -> tuple
         metrics["instant_loss"] = theory["loss"]
     if vs is not None:
         metrics["loss_minus_instant"] = vs  # paired over seeds: < 0 means the search beat the instant policy
-    prov["forecast"] = {"order": config.forecast, "chosen_by": "search config"}
+    prov["forecast"] = {"forecaster": config.forecast, "chosen_by": "search config"}
+    fc = forecasters.get(config.forecast)
     policy = Policy(mask=to_mask(chosen["mask"]), times=[float(t) for t in profile.times],
                     sigmas=[float(v) for v in profile.sigmas], method="gcache", provenance=prov, metrics=metrics,
-                    forecast=config.forecast)
+                    forecast=fc.name, forecast_params=fc.fit(profile, to_mask(chosen["mask"])))
     return SearchResult(policy=policy, best_mask=to_mask(best["mask"]), best_loss=best["loss"],
                         mu_mask=to_mask(fin["mask"]), mu_loss=fin["loss"], s_best=chosen["s"], s_mu=fin["s"],
                         history=hist, state=state.data, evaluations=len(masks)), unchecked

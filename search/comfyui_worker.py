@@ -25,6 +25,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from ..core import forecasters
 from ..core.errors import GCacheError
 from ..core.policy import Policy
 
@@ -41,10 +42,12 @@ def _node_of(workflow: dict, classes: Sequence[str], what: str) -> str:
 
 class ComfyUIWorker:
     def __init__(self, url: str, workflow: dict, seeds: Sequence[int], objective: str = "ssim",
-                 forecast: int = 0, timeout_s: float = 1800.0):
+                 forecast="reuse", timeout_s: float = 1800.0):
         from .objectives import make_objective
         self.url, self.workflow = url.rstrip("/"), copy.deepcopy(workflow)
-        self.seeds, self.forecast, self.timeout_s = [int(s) for s in seeds], forecast, timeout_s
+        self.seeds, self.forecast, self.timeout_s = [int(s) for s in seeds], forecasters.canonical(forecast), timeout_s
+        if self.forecast == "fitted":  # its α belong to each mask and come from the profile, which workers don't hold
+            raise GCacheError("A ComfyUI worker applies reuse, linear or quadratic forecasts, not the profile-fitted one.")
         self.apply, self.sampler, self.output = self.nodes_of(self.workflow)
         self.seed_key = "noise_seed" if "noise_seed" in self.workflow[self.sampler]["inputs"] else "seed"
         self.objective = make_objective(objective)
@@ -128,7 +131,7 @@ class ComfyUIWorker:
         return self.url
 
     @staticmethod
-    def pool(urls: Sequence[str], workflow: dict, seeds: Sequence[int], objective: str = "ssim", forecast: int = 0):
+    def pool(urls: Sequence[str], workflow: dict, seeds: Sequence[int], objective: str = "ssim", forecast="reuse"):
         """An executor without Ray (parallel.ThreadExecutor): one thread per server, each evaluation on a free
         server."""
         import queue

@@ -7,8 +7,9 @@ No sampling is needed, so a user gets a speed-up from the first profiled run (GC
     local      w = 0: every reuse error counts the same wherever it happens
     bernstein  w(t; s) with given coefficients s (e.g. an s a search found for a similar model)
 
-With forecast = 1 (or 2) the mask is the one that is best when skipped steps forecast their residual
-(dp_forecast.py), which differs from the best mask for reuse.
+With a forecaster (core/forecasters: linear, quadratic, profile-fitted) the mask is the one that is best when
+skipped steps forecast their residual (dp_forecast.py over the forecaster's error tensors), which differs from the
+best mask for reuse. choose_forecaster picks the forecaster for a profile and K by a held-out bound.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from ..core import forecasters
 from ..core.errors import GCacheError
 from ..core.policy import Policy
 from ..core.profile import Profile
@@ -40,20 +42,87 @@ def propagation_weights(profile: Profile, method: str = "theory", s: Optional[Se
     raise GCacheError(f"Unknown instant method {method!r}: use one of {', '.join(METHODS)}.")
 
 
+def forecast_dp(profile: Profile, w: np.ndarray, k: int, forecast="reuse") -> tuple[list, float]:
+    """The exact DP's K-mask and bound for masks applied with `forecast` (its error tensors from the profile)."""
+    e2, e3 = forecasters.get(forecast).dp_errors(profile)
+    return dp_mask_forecast(e2, e3, w, k) if e3 is not None else dp_mask(e2, w, k)
+
+
 def instant_policy(profile: Profile, k: int, method: str = "theory", s: Optional[Sequence[float]] = None,
-                   forecast: int = 0) -> Policy:
-    """The K-step mask the DP picks for this profile under `method`'s weights, as a Policy applied with the
-    forecast order `forecast`. Orders 1 and 2 pick the mask with the order-1 forecast DP (needs the profile's E1;
-    there is no order-2 DP: order 2 is applied on the order-1 mask)."""
+                   forecast="reuse") -> Policy:
+    """The K-step mask the DP picks for this profile under `method`'s weights and the forecaster `forecast`'s
+    errors, as a Policy applied with that forecaster (and its parameters fitted to the mask)."""
+    fc = forecasters.get(forecast)
     w = propagation_weights(profile, method, s)
-    if forecast:
-        mask, bound = dp_mask_forecast(profile.E, profile.E1, w, k)
-    else:
-        mask, bound = dp_mask(profile.E, w, k)
+    mask, bound = forecast_dp(profile, w, k, fc.name)
     prov = {"k": k, "instant": method, "bound": bound, "profile_samples": int(profile.count)}
-    if forecast:
-        prov["mask_dp"] = "order-1 forecast DP"
+    if fc.name != "reuse":
+        prov["mask_dp"] = f"{fc.name} forecast DP" + (" (the linear one: no exact DP for it)" if fc.name == "quadratic"
+                                                      else "")
     if s is not None and method == "bernstein":
         prov["s"] = [float(v) for v in s]
     return Policy(mask=list(mask), times=[float(t) for t in profile.times], sigmas=[float(v) for v in profile.sigmas],
-                  method=f"{method}_dp" + ("_forecast" if forecast else ""), provenance=prov, forecast=forecast)
+                  method=instant_name(method, fc.name), provenance=prov, forecast=fc.name,
+                  forecast_params=fc.fit(profile, mask), metrics={"io_share": round(profile.io_share, 4)})
+
+
+def instant_name(method: str, forecast: str) -> str:
+    """theory_dp, local_dp_linear, …: the instant policy's method name in Policy files and search histories."""
+    return f"{method}_dp" + ("" if forecast == "reuse" else f"_{forecast}")
+
+
+# ------------------------------------------------------------------------------------------ choosing a forecaster
+AUTO_CANDIDATES = ("reuse", "linear", "fitted")  # quadratic has no exact DP and measured worse than linear
+
+
+def forecaster_scores(profile: Profile, k: int, method: str = "theory") -> dict:
+    """Each candidate forecaster's DP bound for its own instant mask, judged on data it was not fitted to: the
+    profile's forecast statistics come in two folds (even / odd residual elements); α is fitted on one and every
+    forecaster's squared error is measured on the other, both ways round (the RMS form of the DP's objective).
+    Without those statistics (older profiles): reuse vs linear by their own mean-|error| bounds (nothing fitted).
+    Lower is better."""
+    w = propagation_weights(profile, method)
+    ew = np.exp(w)
+    if not profile.has_fit_stats():
+        if profile.e1_sum is None:
+            return {"reuse": forecast_dp(profile, w, k, "reuse")[1]}
+        return {name: forecast_dp(profile, w, k, name)[1] for name in ("reuse", "linear")}
+    st = profile.fit_stats()
+    c_of = {"reuse": lambda fold: np.zeros((profile.n_steps,) * 3), "linear": lambda fold: st.linear_c(profile.times),
+            "fitted": lambda fold: st.alpha(1 - fold)}
+    scores = {}
+    for name in AUTO_CANDIDATES:
+        mask = forecast_dp(profile, w, k, name)[0]
+        scores[name] = float(np.mean([_bound(mask, np.sqrt(st.sq_of(f)), st.rms(c_of[name](f), f), ew)
+                                      for f in (0, 1)]))
+    return scores
+
+
+def _bound(mask: Sequence[int], reuse_err: np.ndarray, fore_err: np.ndarray, ew: np.ndarray) -> float:
+    """Σ_j e^{w_j}·error of skipped step j: reuse error while one step is computed, the forecast's after."""
+    total, computed = 0.0, []
+    for j, m in enumerate(mask):
+        if m:
+            computed.append(j)
+        elif len(computed) == 1:
+            total += ew[j] * reuse_err[computed[0], j]
+        else:
+            total += ew[j] * fore_err[computed[-2], computed[-1], j]
+    return total
+
+
+# At 8 steps or fewer the held-out bound ranks forecasters wrongly: it judges each forecast from the true residuals,
+# and over so few, so long steps the error a forecast feeds into the next steps dominates. Measured (bench/few_steps.py,
+# reference model, 2x, instant policies, PSNR vs the full run): N = 6 reuse 31.59 / linear 26.09 / fitted 26.66 dB;
+# N = 8 reuse 35.35 / 32.63 / 32.73; from N = 10 on the bound's pick (fitted) was the best (32.0, 39.18, 43.98, 47.78 dB
+# at N = 10, 12, 16, 20).
+FEW_STEPS = 8
+
+
+def choose_forecaster(profile: Profile, k: int, method: str = "theory") -> tuple[str, dict]:
+    """The forecaster with the lowest held-out bound (forecaster_scores), and every score; reuse at FEW_STEPS or
+    fewer steps."""
+    scores = forecaster_scores(profile, k, method)
+    if profile.n_steps <= FEW_STEPS:
+        return "reuse", scores
+    return min(scores, key=lambda n: (scores[n], AUTO_CANDIDATES.index(n))), scores

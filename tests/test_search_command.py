@@ -34,3 +34,9 @@ def test_quality_bench_runs(tiny_model, capsys):
     for key in ("gcache_minus_best_baseline_psnr_at_half", "evaluations", "gp_seconds_per_iter_at_end"):
         assert key in out
     assert set(out["search_minus_best_other_psnr"]) == {"2", "3", "4"}
+    at = {(r["K"], r["method"]): r["psnr"] for r in out["rows"]}
+    for k in ("2", "3", "4"):  # the forecast keys are the differences of the rows they name
+        fit = at[(int(k), "instant_fitted")] - at[(int(k), "instant_linear")]
+        inst = at[(int(k), "instant_auto")] - at[(int(k), "instant_1batch")]
+        assert abs(out["fitted_minus_linear_db"][k] - fit) < 2e-3 and abs(out["instant_forecast_minus_reuse_db"][k] - inst) < 2e-3
+        assert out["auto_forecaster"][k] in ("reuse", "linear", "fitted")

@@ -57,7 +57,7 @@ def test_bad_e1_and_profiles_without_it_say_what_to_do():
         instant_policy(make_profile(n=6), 3, forecast=1)
 
 
-def test_forecast_search_uses_e1_seeds_the_reuse_mask_and_records_the_order():
+def test_forecast_search_uses_e1_seeds_the_reuse_mask_and_records_the_forecaster():
     from gcache.search.bilevel import SearchConfig, run_search
     prof = make_profile()
     rng = np.random.default_rng(1)
@@ -65,5 +65,5 @@ def test_forecast_search_uses_e1_seeds_the_reuse_mask_and_records_the_order():
     res = run_search(prof, SearchConfig(**dict(CFG, forecast=1, budget=17)),
                      lambda m: forecast_mask_cost(prof.E, prof.E1, np.zeros(prof.n_steps), m))
     methods = [h.get("method") for h in res.history[:4]]
-    assert methods == ["theory_dp_forecast", "local_dp_forecast", "theory_dp", "teacache"]
-    assert res.policy.forecast == 1 and res.policy.provenance["forecast"]["order"] == 1
+    assert methods == ["theory_dp_linear", "local_dp_linear", "theory_dp", "teacache"]
+    assert res.policy.forecast == "linear" and res.policy.provenance["forecast"]["forecaster"] == "linear"
