@@ -39,6 +39,7 @@ class Stack:
     layout: Layout           # where the image tokens are in what these blocks pass on
     skip_attr: Optional[str] = None  # blocks listed here are never called (Chroma's skip_mmdit/skip_dit)
     call: ObjectCall = ObjectCall()  # Route.OBJECT only
+    batched: bool = True             # False: the loop passes [tokens, dim] for one cond per call (MiniMax H3)
 
 
 @dataclass(frozen=True)
@@ -58,17 +59,23 @@ _CHROMA = (Stack("double_block", "double_blocks", IMG, skip_attr="skip_mmdit"),
            Stack("single_block", "single_blocks", TXT_FIRST, skip_attr="skip_dit"))
 _LDM = "comfy.ldm."
 
+_WAN = ("WanModel", "VaceWanModel", "WanModel_S2V", "HumoWanModel", "CameraWanModel", "SCAILWanModel", "SCAIL2WanModel")
+
 ADAPTERS = (
     Adapter("flux", (_LDM + "flux.model.Flux",), Route.DIT, _FLUX, ("forward_orig",),
-            notes="Kontext reference latents are image tokens too"),
+            notes="Flux 1, Kontext (reference latents are image tokens too), Flux 2, Flux 2 Klein, LongCat-Image"),
     Adapter("chroma", (_LDM + "chroma.model.Chroma", _LDM + "chroma_radiance.model.ChromaRadiance"), Route.DIT,
             _CHROMA, ("forward_orig",), notes="its blocks add into their input in place"),
     Adapter("hunyuan_video", (_LDM + "hunyuan_video.model.HunyuanVideo",), Route.DIT,
             (Stack("double_block", "double_blocks", IMG), Stack("single_block", "single_blocks", IMG_FIRST)),
-            ("forward_orig",), notes="single stream cat(img, txt) in ComfyUI 0.3.64, cat(txt, img) + img_slice since"),
-    Adapter("wan", (_LDM + "wan.model.WanModel", _LDM + "wan.model.VaceWanModel"), Route.DIT,
-            (Stack("double_block", "blocks", IMG),), ("forward_orig",),
-            notes="VACE hints are added between blocks; on skipped steps they enter through δ"),
+            ("forward_orig",), notes="HunyuanVideo 1 and 1.5, HunyuanImage 2.1; single stream cat(img, txt) in ComfyUI "
+                                     "0.3.64, cat(txt, img) + img_slice since"),
+    Adapter("wan", tuple(_LDM + "wan.model." + c for c in _WAN) + (
+        _LDM + "wan.model_animate.AnimateWanModel", _LDM + "wan.model_animate2.WanAnimate2Model",
+        _LDM + "wan.model_wandancer.WanDancerModel"), Route.DIT, (Stack("double_block", "blocks", IMG),),
+            ("forward_orig",), notes="VACE hints, S2V audio, WanDancer music are added between blocks: on skipped "
+                                     "steps they enter through δ; S2V/HuMo/SCAIL reference tokens are cached with the "
+                                     "image"),
     Adapter("ltx2", (_LDM + "lightricks.av_model.LTXAVModel",), Route.DIT,
             (Stack("double_block", "transformer_blocks", IMG),), ("_process_transformer_blocks", "_forward"),
             notes="blocks carry a (video, audio) pair: each stream keeps its own residual"),
@@ -76,26 +83,69 @@ ADAPTERS = (
             (Stack("double_block", "transformer_blocks", IMG),), ("_process_transformer_blocks", "_forward"),
             notes="blocks add into their input in place"),
     Adapter("qwen_image", (_LDM + "qwen_image.model.QwenImageTransformer2DModel",), Route.DIT,
-            (Stack("double_block", "transformer_blocks", IMG),), ("_forward",)),
+            (Stack("double_block", "transformer_blocks", IMG),), ("_forward",),
+            notes="Qwen-Image, -Edit 2509/2511 (reference latents are image tokens too), -Layered"),
     Adapter("sd3", (_LDM + "modules.diffusionmodules.mmdit.MMDiT",
                     _LDM + "modules.diffusionmodules.mmdit.OpenAISignatureMMDITWrapper"), Route.DIT,
             (Stack("double_block", "joint_blocks", IMG),), ("forward_core_with_concat",)),
     Adapter("auraflow", (_LDM + "aura.mmdit.MMDiT",), Route.DIT,
             (Stack("double_block", "double_layers", IMG), Stack("single_block", "single_layers", TXT_FIRST)),
             ("_forward",)),
-    Adapter("lumina2", (_LDM + "lumina.model.NextDiT",), Route.OBJECT, (Stack("layer", "layers", ALL),),
-            ("_forward",), notes="joint [caption, image] stream cached whole"),
+    Adapter("lens", (_LDM + "lens.model.LensTransformer2DModel",), Route.DIT,
+            (Stack("double_block", "transformer_blocks", IMG),), ("_forward",)),
+    Adapter("mage_flow", (_LDM + "mage_flow.model.MageFlowTransformer2DModel",), Route.DIT,
+            (Stack("double_block", "transformer_blocks", IMG),), ("_forward",), notes="reference tokens cached too"),
+    Adapter("joyimage", (_LDM + "joyimage.model.JoyImageTransformer3DModel",), Route.DIT,
+            (Stack("double_block", "double_blocks", IMG),), ("_forward",), notes="reference tokens cached too"),
+    Adapter("hunyuan_dit", (_LDM + "hydit.models.HunYuanDiT",), Route.DIT, (Stack("double_block", "blocks", IMG),),
+            ("forward",), notes="long skip connections stay inside the stack"),
+    Adapter("mochi", (_LDM + "genmo.joint_model.asymm_models_joint.AsymmDiTJoint",), Route.DIT,
+            (Stack("double_block", "blocks", IMG),), ("forward",)),
+    Adapter("minimax_h3", (_LDM + "minimax.model.MiniMaxH3Model",), Route.DIT,
+            (Stack("double_block", "blocks", ALL, batched=False),), ("_forward",),
+            notes="one packed [text, audio, video] stream per call, without a batch dimension; cached whole"),
+    Adapter("lumina2", (_LDM + "lumina.model.NextDiT", _LDM + "lumina.model.NextDiTPixelSpace"), Route.OBJECT,
+            (Stack("layer", "layers", ALL),), ("_forward",),
+            notes="Lumina2, Z-Image and its pixel-space variant: joint [caption, image] stream cached whole"),
     Adapter("hidream", (_LDM + "hidream.model.HiDreamImageTransformer2DModel",), Route.OBJECT,
             (Stack("double_stream", "double_stream_blocks", IMG,
                    call=ObjectCall("image_tokens", returns_text="text_tokens")),
              Stack("single_stream", "single_stream_blocks", IMG_FIRST, call=ObjectCall("image_tokens"))),
             ("_forward",)),
-    Adapter("cosmos_predict2", (_LDM + "cosmos.predict2.MiniTrainDIT",), Route.OBJECT,
-            (Stack("block", "blocks", ALL),), ("_forward",)),
+    Adapter("cosmos_predict2", (_LDM + "cosmos.predict2.MiniTrainDIT", _LDM + "anima.model.Anima"), Route.OBJECT,
+            (Stack("block", "blocks", ALL),), ("_forward",), notes="Cosmos Predict2, Anima"),
     Adapter("cosmos", (_LDM + "cosmos.model.GeneralDIT",), Route.OBJECT,
             (Stack("block", "blocks", ALL, call=ObjectCall(0, batch_dim=3)),), ("_forward",),
             notes="Cosmos 1 adds a position term before every block; it enters through δ on skipped steps"),
+    Adapter("kandinsky5", (_LDM + "kandinsky5.model.Kandinsky5",), Route.OBJECT,
+            (Stack("visual_block", "visual_transformer_blocks", IMG),), ("forward_orig",),
+            notes="video and image; object patches: its dit hook calls the blocks with a keyword they don't take "
+                  "(ComfyUI 0.33)"),
+    Adapter("cogvideox", (_LDM + "cogvideo.model.CogVideoXTransformer3DModel",), Route.OBJECT,
+            (Stack("block", "blocks", IMG, call=ObjectCall("hidden_states", returns_text="encoder_hidden_states")),),
+            ("_forward",)),
+    Adapter("krea2", (_LDM + "krea2.model.SingleStreamDiT",), Route.OBJECT, (Stack("block", "blocks", TXT_FIRST),),
+            ("_forward",), notes="joint [text, image] stream; image tokens where ComfyUI's img_slice says"),
+    Adapter("ernie_image", (_LDM + "ernie.model.ErnieImageModel",), Route.OBJECT, (Stack("layer", "layers", ALL),),
+            ("forward",), notes="joint [image, text] stream cached whole"),
+    Adapter("omnigen2", (_LDM + "omnigen.omnigen2.OmniGen2Transformer2DModel",), Route.OBJECT,
+            (Stack("layer", "layers", ALL),), ("forward",), notes="joint [text, reference, image] stream cached whole"),
+    Adapter("ideogram4", (_LDM + "ideogram4.model.Ideogram4Transformer2DModel",), Route.OBJECT,
+            (Stack("layer", "layers", ALL),), ("_backbone",), notes="joint [text, image] stream cached whole"),
 )
+
+# Families whose model class GCache knows but does not cache by blocks: the whole-model fallback, and why.
+NOT_BY_BLOCKS = {
+    _LDM + "wan.ar_model.CausalWanModel": "autoregressive: its blocks keep a KV cache between the chunks of a video "
+                                          "(ar_video sampler), so a block-stack residual from one step is not sound "
+                                          "at another",
+    _LDM + "hidream_o1.model.HiDreamO1Transformer": "its layers keep a text-prefix KV cache that block patches turn "
+                                                    "off, and write into their input",
+    _LDM + "boogu.model.BooguTransformer2DModel": "its double-stream layers take and return the text stream "
+                                                  "positionally, which no block patch can pass through",
+    _LDM + "pixeldit.model.PixDiT_T2I": "its two block stacks work on different token spaces (patches, then pixels)",
+    _LDM + "seedvr.model.NaDiT": "its blocks take a video flattened over the batch with per-sample shapes",
+}
 
 FALLBACK = Adapter("whole-model fallback", (), Route.FALLBACK,
                    notes="unknown model: caches the whole model output difference (denoised − x)")
@@ -161,6 +211,12 @@ def choose_adapter(diffusion_model) -> Adapter:
     wrong ones) would silently do nothing, or worse."""
     match = find_adapter(diffusion_model)
     ad, name = match.adapter, qualified_name(type(diffusion_model))
+    why = next((w for cls in type(diffusion_model).__mro__ for c, w in NOT_BY_BLOCKS.items()
+                if qualified_name(cls) == c), None)
+    if why is not None:
+        log.info("GCache: %s is cached as a whole model, not by blocks: %s; using the %s (%s).", name, why,
+                 FALLBACK.name, FALLBACK.notes)
+        return FALLBACK
     if ad.route == Route.FALLBACK:
         log.info("GCache: %s has no family adapter; using the %s (%s).", name, ad.name, ad.notes)
         return ad

@@ -215,6 +215,8 @@ def make_dit_patch(slot: BlockSlot, owner: str) -> Callable:
     stack = slot.stack
     joint = stack.layout in streams.JOINT
     where = f"{stack.key} ({stack.attr})"
+    # a loop that runs one cond per call may pass [tokens, dim]: the engine sees it as a batch of one
+    lift, drop = (_same, _same) if stack.batched else ((lambda t: t[None]), (lambda t: t[0]))
 
     def patch(args: dict, extra: dict) -> dict:
         original = extra["original_block"]
@@ -225,15 +227,20 @@ def make_dit_patch(slot: BlockSlot, owner: str) -> Callable:
         if not streams.is_stream(x):
             run.disable(f"the {where} blocks of this model pass {type(x).__name__} as 'img', not token tensors")
             return original(args)
+        if not stack.batched and len(run.lane().branches) > 1:
+            run.disable(f"the {where} blocks of this model take one cond per call, but this call batches "
+                        f"{len(run.lane().branches)}")
+            return original(args)
+        xs = lift(x)
 
         def passed(y):  # a skipped block hands its stream on (and the text stream, where it has one)
-            return {"img": y, "txt": args["txt"]} if "txt" in args else {"img": y}
+            return {"img": drop(y), "txt": args["txt"]} if "txt" in args else {"img": drop(y)}
 
-        def run_block(y):  # y is args["img"] unless the first block of a skipped step cloned it
-            return original(args if y is x else dict(args, img=y))
+        def run_block(y):  # y is the stream unless the first block of a skipped step cloned it
+            return original(args if y is xs else dict(args, img=drop(y)))
 
         topts = args.get("transformer_options") or {}
-        return run.gate(x, run_block, slot.first, slot.last, stack.layout, tokens=lambda out: out["img"],
+        return run.gate(xs, run_block, slot.first, slot.last, stack.layout, tokens=lambda out: lift(out["img"]),
                         passed=passed, img_slice=topts.get("img_slice") if joint else None, where=where)
 
     return patch

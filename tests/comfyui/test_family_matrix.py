@@ -41,6 +41,39 @@ FAMILIES = {
 for _mod in (tim, tvm):
     for _name, _build in _mod.BUILDERS.items():
         FAMILIES[_name] = (_build, _mod.FIRST_BLOCK[_name], _mod.EXPECTED_FAMILY[_name])
+
+# The DiT families that are new in ComfyUI 0.33 and the route each is verified with (or the whole-model fallback, with
+# the reason nodes/adapters.NOT_BY_BLOCKS gives); the builders are in tiny_*_models_033.py.
+FALLBACK = "whole-model fallback"
+FAMILIES_033 = {
+    "flux2": "flux", "flux2_klein": "flux", "longcat_image": "flux", "z_image": "lumina2", "z_image_pixel": "lumina2",
+    "qwen_image_edit_2509": "qwen_image", "qwen_image_edit_2511": "qwen_image", "qwen_image_layered": "qwen_image",
+    "ernie_image": "ernie_image", "hidream_o1": FALLBACK, "krea2": "krea2", "anima": "cosmos_predict2",
+    "hunyuan_image21": "hunyuan_video", "kandinsky5_image": "kandinsky5", "omnigen2": "omnigen2", "boogu": FALLBACK,
+    "lens": "lens", "mage_flow": "mage_flow", "joyimage": "joyimage", "ideogram4": "ideogram4", "pixeldit": FALLBACK,
+    "pid": FALLBACK, "hunyuan_dit": "hunyuan_dit",
+    "ltx2": "ltx2", "hunyuan_video15": "hunyuan_video", "wan_animate": "wan", "wan_animate2": "wan", "wan_s2v": "wan",
+    "wan_humo": "wan", "wan_camera": "wan", "wan_scail": "wan", "wan_scail2": "wan", "wan_dancer": "wan",
+    "wan_flowrvs": "wan", "wan_causal": FALLBACK, "kandinsky5": "kandinsky5", "cogvideox": "cogvideox",
+    "minimax_h3": "minimax_h3", "mochi": "mochi", "seedvr2": FALLBACK,
+}
+
+
+def _version() -> tuple:
+    import comfyui_version
+    return tuple(int(p) for p in comfyui_version.__version__.split(".")[:3])
+
+
+NEW_IN_033 = _version() < (0, 33, 0)  # these families need ComfyUI 0.33: skipped (with that reason) before it
+if not NEW_IN_033:
+    import tiny_image_models_033 as tim33  # noqa: E402
+    import tiny_video_models_033 as tvm33  # noqa: E402
+    for _mod in (tim33, tvm33):
+        for _name, _build in _mod.BUILDERS.items():
+            FAMILIES[_name] = (_build, _mod.FIRST_BLOCK[_name], FAMILIES_033[_name])
+else:
+    for _name in FAMILIES_033:
+        FAMILIES[_name] = (None, None, FAMILIES_033[_name])
 _BUILT: dict = {}
 
 
@@ -50,6 +83,8 @@ def unet_dir(tmp_path_factory):
 
 
 def build(name, unet_dir):
+    if FAMILIES[name][0] is None:
+        pytest.skip(f"{name} is a family of ComfyUI 0.33; this tree is {'.'.join(map(str, _version()))}")
     if name not in _BUILT:
         _BUILT[name] = FAMILIES[name][0](unet_dir)
     return _BUILT[name]
@@ -75,8 +110,10 @@ class StackObserver:
         self.cur: dict = {}
         self.adapter = ad = config_of(self.model).adapter
         dm = self.model.get_model_object("diffusion_model")
-        # the block's own modules (not the block: an object-patched block is called on skips too)
-        watched = list(dm.get_submodule(first_block).modules())[1:] if ad.route != Route.FALLBACK else [dm]
+        # object route: the block's own modules (not the block: an object-patched block is called on skips too);
+        # dit route: the first block's original_block (see _dit); fallback: the diffusion model
+        watched = list(dm.get_submodule(first_block).modules())[1:] if ad.route == Route.OBJECT else \
+            [dm] if ad.route == Route.FALLBACK else []
         self.hooks = [m.register_forward_pre_hook(self._ran) for m in watched]
         # outermost APPLY_MODEL wrapper: marks calls, and is the stack itself for the whole-model fallback
         w = self.model.wrappers
@@ -97,20 +134,23 @@ class StackObserver:
     def _apply_model(self, executor, *args, **kwargs):
         topts = args[5] if len(args) > 5 else kwargs.get("transformer_options", {})
         x = args[0]
-        self.cur = {"cou": tuple(topts.get("cond_or_uncond") or ()), "batch": x.shape[0], "ran": False,
-                    "h": None, "z": None}
+        self.cur = {"cou": tuple(topts.get("cond_or_uncond") or ()), "batch": batch_of(x), "ran": False,
+                    "h": None, "z": None, "sigma": float(args[1].reshape(-1)[0])}
         if self.adapter.route == Route.FALLBACK:
-            self.cur["h"] = x.clone()
+            self.cur["h"] = flat(x).clone()
         out = executor(*args, **kwargs)
         if self.adapter.route == Route.FALLBACK:
-            self.cur["z"] = out.clone()
+            self.cur["z"] = flat(out).clone()
         self.calls.append(self.cur)
         self.cur = {}
         return out
 
-    def _enter(self, h):
+    def _enter(self, stream, layout=Layout.IMG, img_slice=None):
+        """The stack's input, cut where ComfyUI says the image tokens are when the first block's stream is joint."""
         if self.cur.get("h") is None:
-            self.cur["h"] = packed(h).clone()
+            joint = not isinstance(stream, (tuple, list)) and layout in (Layout.TXT_FIRST, Layout.IMG_FIRST)
+            h = stream[:, img_slice[0]:img_slice[1]] if joint and img_slice is not None else packed(stream)
+            self.cur["h"] = h.clone()
 
     def _leave(self, stream, layout, img_slice=None):
         """The image tokens of the last block's output, cut where ComfyUI says they are (its img_slice, since
@@ -125,10 +165,15 @@ class StackObserver:
         self.cur["z"] = z.clone()
 
     def _dit(self, fn, slot):
+        lift = (lambda t: t) if slot.stack.batched else (lambda t: t[None])  # MiniMax H3: [tokens, dim]
+
         def observed(args, extra):
-            self._enter(args["img"])
+            self._enter(lift(args["img"]))
+            if slot.first:  # the first block's original really ran (some loops call blocks as methods: no hooks)
+                original = extra["original_block"]
+                extra = dict(extra, original_block=lambda a: self._ran(None, None) or original(a))
             out = fn(args, extra)
-            self._leave(out["img"], slot.stack.layout, (args.get("transformer_options") or {}).get("img_slice"))
+            self._leave(lift(out["img"]), slot.stack.layout, (args.get("transformer_options") or {}).get("img_slice"))
             return out
         return observed
 
@@ -139,15 +184,41 @@ class StackObserver:
             return t.movedim(bd, 0) if bd else t
 
         def observed(*a, **kw):
-            self._enter(engine(kw[arg] if isinstance(arg, str) else a[arg]))
+            self._enter(engine(kw[arg] if isinstance(arg, str) else a[arg]), slot.stack.layout,
+                        (kw.get("transformer_options") or {}).get("img_slice"))
             out = fn(*a, **kw)
-            self._leave(engine(out[0] if isinstance(out, tuple) else out), slot.stack.layout)
+            self._leave(engine(out[0] if isinstance(out, tuple) else out), slot.stack.layout,
+                        (kw.get("transformer_options") or {}).get("img_slice"))
             return out
         return observed
 
     def close(self):
         for h in self.hooks:
             h.remove()
+
+
+def flat(x):
+    """A model input/output as one tensor: ComfyUI 0.33's NestedTensor (LTX-2's video + audio latents) side by side."""
+    if hasattr(x, "tensors"):
+        return torch.cat([t.reshape(t.shape[0], -1) for t in x.tensors], 1)
+    return x
+
+
+def batch_of(x):
+    return (x.tensors[0] if hasattr(x, "tensors") else x).shape[0]
+
+
+def same(a, b) -> bool:
+    return torch.equal(flat(a), flat(b))
+
+
+def by_step(calls) -> list:
+    """The calls grouped by sampler step (euler: one sigma per step; a model that runs its conds in separate calls
+    makes several calls per step)."""
+    steps: dict = {}
+    for c in calls:
+        steps.setdefault(c["sigma"], []).append(c)
+    return [steps[s] for s in sorted(steps, reverse=True)]
 
 
 def packed(stream):
@@ -173,15 +244,18 @@ def skip_errors(calls):
 
 
 def true_E(calls):
-    """E[i, j] = mean over branches of mean |δ_i − δ_j| from the observed δ (one call per euler step)."""
-    deltas = [c["z"] - c["h"] for c in calls]
-    n_branches = max(1, len(calls[0]["cou"]))
-    E = torch.zeros(len(deltas), len(deltas), dtype=torch.float64)
-    for b in range(n_branches):
-        parts = [d.chunk(n_branches, 0)[b].double() for d in deltas]
-        for i in range(len(parts)):
-            for j in range(len(parts)):
-                E[i, j] += (parts[i] - parts[j]).abs().mean().item() / n_branches
+    """E[i, j] = mean over branches of mean |δ_i − δ_j| from the observed δ (each branch's calls in step order)."""
+    per_branch: dict = {}
+    for c in calls:
+        d, cou = c["z"] - c["h"], c["cou"] or (0,)
+        for b, part in zip(cou, d.chunk(len(cou), 0)):
+            per_branch.setdefault(b, []).append(part.double())
+    n = len(next(iter(per_branch.values())))
+    E = torch.zeros(n, n, dtype=torch.float64)
+    for parts in per_branch.values():
+        for i in range(n):
+            for j in range(n):
+                E[i, j] += (parts[i] - parts[j]).abs().mean().item() / len(per_branch)
     return E
 
 
@@ -197,17 +271,23 @@ CASES = [(name, cfg) for name in FAMILIES for cfg in (1.0, 3.0)]
 
 
 @pytest.mark.parametrize("name,cfg", CASES, ids=[f"{n}-cfg{c:g}" for n, c in CASES])
-def test_family(name, cfg, unet_dir, tmp_path):
+def test_family(name, cfg, unet_dir, tmp_path, caplog):
     model, pos, neg, lat = build(name, unet_dir)
     _, first_block, expected = FAMILIES[name]
     branches = 1 if cfg == 1.0 else 2
 
-    # the adapter chosen
-    assert config_of(apply(model, MASK)).adapter.name == expected
+    # the adapter chosen, and the log says which route it took
+    with caplog.at_level("INFO", logger="gcache"):
+        ad = config_of(apply(model, MASK)).adapter
+    assert ad.name == expected
+    if expected == FALLBACK:
+        assert "whole-model fallback" in caplog.text, caplog.text
+        if name in FAMILIES_033:  # a family GCache knows: the log gives the reason (nodes/adapters.NOT_BY_BLOCKS)
+            assert "cached as a whole model, not by blocks" in caplog.text, caplog.text
 
     # all ones: bit-identical to the unpatched model
     plain = ksample(model, pos, neg, lat, cfg)
-    assert torch.equal(plain, ksample(apply(model, [1] * N), pos, neg, lat, cfg))
+    assert same(plain, ksample(apply(model, [1] * N), pos, neg, lat, cfg))
 
     # K < N: the stack runs K times per branch; each skipped step outputs h + the last computed true δ
     obs = StackObserver(apply(model, MASK), first_block)
@@ -215,17 +295,19 @@ def test_family(name, cfg, unet_dir, tmp_path):
         out = ksample(obs.model, pos, neg, lat, cfg)
     finally:
         obs.close()
-    assert sum(c["batch"] for c in obs.calls if c["ran"]) == sum(MASK) * branches * lat.shape[0]
-    assert [c["ran"] for c in obs.calls] == [bool(v) for v in MASK]
+    assert sum(c["batch"] for c in obs.calls if c["ran"]) == sum(MASK) * branches * batch_of(lat)
+    steps = by_step(obs.calls)
+    assert [[c["ran"] for c in calls] for calls in steps] == [[bool(v)] * len(calls) for v, calls in zip(MASK, steps)]
     errs = skip_errors(obs.calls)
-    assert len(errs) == N - sum(MASK) and max(errs) < 1e-5, f"skip output vs h + true δ: {errs}"
-    assert torch.isfinite(out).all() and not torch.equal(out, plain)
+    assert len(errs) == sum(len(calls) for v, calls in zip(MASK, steps) if not v) and max(errs) < 1e-5, \
+        f"skip output vs h + true δ: {errs}"
+    assert torch.isfinite(flat(out)).all() and not same(out, plain)
 
     # Profile: E equals the E built from the true δ
     path = str(tmp_path / f"{name}.profile.safetensors")
     obs = StackObserver(profile(model, path), first_block)
     try:
-        assert torch.equal(ksample(obs.model, pos, neg, lat, cfg), plain)
+        assert same(ksample(obs.model, pos, neg, lat, cfg), plain)
     finally:
         obs.close()
     prof = Profile.load(path)
@@ -306,29 +388,71 @@ def _times(model):
     return [float(ms.timestep(s.reshape(1).float())) / top for s in sig]
 
 
-@pytest.mark.parametrize("name", ["flux", "wan21", "hunyuan_video"])
+@pytest.mark.parametrize("name", ["flux", "wan21", "hunyuan_video", "flux2", "z_image", "ltx2", "hunyuan_video15"])
 @pytest.mark.parametrize("cfg", [1.0, 3.0])
 def test_forecast_in_comfyui_classes(name, cfg, unet_dir):
+    """Linear and profile-fitted forecasts: all ones bit-identical; each skipped step = h + the forecast from the
+    true δ of the computed steps (fitted: δ_i + α·(δ_i − δ_p) with the policy's α; linear in normalized time)."""
     model, pos, neg, lat = build(name, unet_dir)
     plain = ksample(model, pos, neg, lat, cfg)
-    for order in (1, 2):
-        ones = hooks.patch_model(model, apply_mode.apply_config(model, Policy([1] * N, forecast=order)))
-        assert torch.equal(plain, ksample(ones, pos, neg, lat, cfg))
-    obs = StackObserver(hooks.patch_model(model, apply_mode.apply_config(model, Policy(MASK, forecast=1))),
-                        FAMILIES[name][1])
+    for fc in ("linear", "quadratic", "fitted"):
+        ones = hooks.patch_model(model, apply_mode.apply_config(model, Policy([1] * N, forecast=fc)))
+        assert same(plain, ksample(ones, pos, neg, lat, cfg))
+    t = _times(model)
+    alpha = {"4": [0, 3, 0.3]}  # MASK computes 0, 3, 5: step 4 forecasts from 0 and 3
+    for fc, coef in (("linear", lambda p, i, j: (t[j] - t[i]) / (t[i] - t[p])), ("fitted", lambda p, i, j: 0.3)):
+        pol = Policy(MASK, forecast=fc, forecast_params={"alpha": alpha} if fc == "fitted" else {})
+        obs = StackObserver(hooks.patch_model(model, apply_mode.apply_config(model, pol)), FAMILIES[name][1])
+        try:
+            ksample(obs.model, pos, neg, lat, cfg)
+        finally:
+            obs.close()
+        computed, errs = [], []
+        for j, calls in enumerate(by_step(obs.calls)):
+            c = calls[0] if len(calls) == 1 else None
+            assert c is not None, "one call per step expected for the forecast check"
+            if c["ran"]:
+                computed.append((j, c["z"] - c["h"]))
+                continue
+            if len(computed) == 1:
+                want = c["h"] + computed[-1][1]
+            else:
+                (p, dp), (i, di) = computed[-2:]
+                want = c["h"] + di + coef(p, i, j) * (di - dp)
+            errs.append(rel(c["z"], want))
+        assert len(errs) == 3 and max(errs) < 1e-5, (fc, errs)
+
+
+# ------------------------------------------------------------------------------ a subclass the table does not name
+def test_a_subclass_not_in_the_table_is_checked_or_falls_back_loudly(unet_dir, caplog):
+    """An unnamed subclass with the row class's own block loop gets the adapter (and passes the true-δ check); one
+    that overrides the loop falls back to the whole model, saying why (never an adapter it was not verified on)."""
+    from comfy.ldm.flux.model import Flux
+    model, pos, neg, lat = build("flux", unet_dir)
+    dm = model.get_model_object("diffusion_model")
+
+    class SameLoop(Flux):  # e.g. a pack's subclass that adds a method
+        pass
+
+    class OwnLoop(Flux):  # e.g. a pack's subclass with a forward of its own
+        def forward_orig(self, *a, **kw):
+            return super().forward_orig(*a, **kw)
+
+    original = type(dm)
     try:
-        ksample(obs.model, pos, neg, lat, cfg)
+        for cls, expected, said in ((SameLoop, "flux", "was not verified with the flux adapter"),
+                                    (OwnLoop, FALLBACK, "overrides forward_orig")):
+            dm.__class__ = cls
+            caplog.clear()
+            with caplog.at_level("INFO", logger="gcache"):
+                patched = apply(model, MASK)
+            assert config_of(patched).adapter.name == expected and said in caplog.text, caplog.text
+            obs = StackObserver(patched, "double_blocks.0")
+            try:
+                ksample(obs.model, pos, neg, lat, 1.0)
+            finally:
+                obs.close()
+            errs = skip_errors(obs.calls)
+            assert len(errs) == N - sum(MASK) and max(errs) < 1e-5, errs
     finally:
-        obs.close()
-    t, computed, errs = _times(model), [], []
-    for j, c in enumerate(obs.calls):  # euler, one call per step: call j is step j
-        if c["ran"]:
-            computed.append((j, c["z"] - c["h"]))
-            continue
-        if len(computed) == 1:
-            want = c["h"] + computed[-1][1]
-        else:
-            (p, dp), (i, di) = computed[-2:]
-            want = c["h"] + di + (t[j] - t[i]) / (t[i] - t[p]) * (di - dp)
-        errs.append(rel(c["z"], want))
-    assert len(errs) == 3 and max(errs) < 1e-5, errs
+        dm.__class__ = original

@@ -1,0 +1,100 @@
+"""What a family on the whole-model fallback loses against the block-stack route, at equal K.
+
+A tiny model built from ComfyUI's own classes (Flux 2 and Z-Image of ComfyUI 0.33, random weights; see
+tests/comfyui/tiny_image_models_033.py), N = 20 euler steps, cfg 3. Each route profiles the same seeds with its
+own residual (block stack: h = the first block's input, z = the last block's output; fallback: the whole model's
+input latent and output) and gets the instant theory-DP policy at K = 10 from its own profile; both are then
+sampled on held-out seeds and compared with full compute (PSNR of the final latent, dB; mean over seeds and the
+paired difference). The fallback is also run on the block route's mask (same mask, other residual).
+
+    COMFYUI_PATH=/path/to/ComfyUI-0.33 python -m gcache.bench.route_quality [--seeds 8]
+
+Ends with one JSON line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+
+
+def _psnr(x, ref) -> float:
+    mse = float(((x - ref) ** 2).mean())
+    peak = float(ref.abs().max()) or 1.0
+    return 10 * math.log10(peak * peak / max(mse, 1e-20))
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--k", type=int, default=10)
+    ap.add_argument("--seeds", type=int, default=8, help="held-out seeds (the profile uses as many others)")
+    ap.add_argument("--families", nargs="+", default=["flux2", "z_image"])
+    a = ap.parse_args(argv)
+    if not os.environ.get("COMFYUI_PATH"):
+        raise SystemExit("Set COMFYUI_PATH to a ComfyUI 0.33 tree (the tiny models are built from its classes).")
+    sys.path.insert(0, os.environ["COMFYUI_PATH"])
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "comfyui"))
+    import comfy.cli_args
+    import torch
+    comfy.cli_args.args.cpu = not torch.cuda.is_available()
+    torch.set_num_threads(1)
+    import nodes as comfy_nodes
+    import tiny_image_models_033 as tim33
+
+    from ..core.profile import Profile
+    from ..nodes import hooks
+    from ..nodes.adapters import FALLBACK
+    from ..nodes.apply_mode import ApplyConfig
+    from ..nodes.profile_mode import ProfileConfig
+    from ..nodes.run_config import RunConfig
+    from ..search.instant import instant_policy
+
+    out = {"N": a.steps, "K": a.k, "held_out_seeds": a.seeds}
+    for fam in a.families:
+        m, pos, neg, lat = tim33.BUILDERS[fam](tempfile.mkdtemp())
+        dm = m.get_model_object("diffusion_model")
+
+        def sample(model, seed):
+            return comfy_nodes.common_ksampler(model, seed, a.steps, 3.0, "euler", "simple", pos, neg,
+                                               {"samples": lat})[0]["samples"]
+
+        routes = {}
+        for route in ("block stack", "whole model"):
+            desc = RunConfig.describe(dm)
+            if route == "whole model":
+                desc.update(adapter=FALLBACK, io_share=0.0)
+            with tempfile.TemporaryDirectory() as tmp:
+                path = os.path.join(tmp, "p.profile.safetensors")
+                prof_model = hooks.patch_model(m, ProfileConfig(**desc, profile_path=path))
+                for s in range(100, 100 + a.seeds):
+                    sample(prof_model, s)
+                pol = instant_policy(Profile.load(path), a.k, "theory")
+            routes[route] = (desc, pol)
+        fb_desc, blk_pol = routes["whole model"][0], routes["block stack"][1]
+        runs = {"block stack": routes["block stack"], "whole model": routes["whole model"],
+                "whole model on the block mask": (fb_desc, blk_pol)}
+        psnr = {name: [] for name in runs}
+        for s in range(a.seeds):
+            ref = sample(m, s)
+            for name, (desc, pol) in runs.items():
+                psnr[name].append(_psnr(sample(hooks.patch_model(m, ApplyConfig(**desc, policy=pol)), s), ref))
+        diff = [b - f for b, f in zip(psnr["block stack"], psnr["whole model"])]
+        se = statistics.stdev(diff) / math.sqrt(len(diff)) if len(diff) > 1 else float("nan")
+        row = {name: round(statistics.mean(v), 2) for name, v in psnr.items()}
+        row.update(block_minus_whole_db=round(statistics.mean(diff), 2), paired_se_db=round(se, 2),
+                   masks={name: pol.describe() for name, (_, pol) in runs.items()})
+        out[fam] = row
+        print(f"{fam} (N = {a.steps}, K = {a.k}, {a.seeds} held-out seeds, PSNR of the final latent vs full compute): "
+              + ", ".join(f"{n} {v:.2f} dB" for n, v in row.items() if isinstance(v, float) and n in psnr)
+              + f"; block − whole model {row['block_minus_whole_db']:+.2f} ± {row['paired_se_db']:.2f} dB")
+    print(json.dumps(out))
+    return out
+
+
+if __name__ == "__main__":
+    main()
