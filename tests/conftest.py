@@ -7,10 +7,14 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from threadpoolctl import threadpool_limits  # noqa: E402
+
+try:
+    from threadpoolctl import threadpool_limits  # comes with scikit-learn
+except ImportError:  # a venv with only ComfyUI's requirements (tests/comfyui/test_install.py's bare phase)
+    threadpool_limits = None
 
 torch.set_num_threads(1)
-_limits = threadpool_limits(1)
+_limits = threadpool_limits(1) if threadpool_limits else None
 
 
 @pytest.fixture(scope="session")
