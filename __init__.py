@@ -6,6 +6,7 @@ ComfyUI; `core/` and `search/` stay headless.
 """
 
 __version__ = "0.1.0"
+WEB_DIRECTORY = "./web"  # web/gcache.js: the panel of background searches (ComfyUI serves it to its frontend)
 
 
 async def comfy_entrypoint():

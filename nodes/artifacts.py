@@ -85,7 +85,7 @@ class AutoName:
     key: str
     n_steps: int
     scheduler: str
-    speedup: float
+    speedup: Optional[float] = None  # the policy's (a searched policy is named by its K instead)
 
     @property
     def stem(self) -> str:
@@ -100,6 +100,10 @@ class AutoName:
 
     def policy_path(self, folder: str) -> str:
         return policy_path(folder, self.policy_name)
+
+    def searched_path(self, folder: str, k: int) -> str:
+        """A policy GCache Search found for this model, step count and scheduler at K (auto prefers it)."""
+        return policy_path(folder, f"{self.stem}_K{k}_searched")
 
     def with_steps(self, n_steps: int) -> "AutoName":
         return replace(self, n_steps=n_steps)

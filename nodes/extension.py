@@ -3,16 +3,30 @@ from __future__ import annotations
 
 from comfy_api.latest import ComfyExtension, io
 
+from . import background
 from .apply_node import GCacheApply
+from .comfy_common import all_folders, register_folder
 from .policy_node import GCachePolicy
-from .comfy_common import register_folder
 from .profile_node import GCacheLoadProfile, GCacheProfile
 from .search_node import GCacheSearch
 
 
+_SET_UP = []
+
+
+def _set_up() -> None:
+    """Once per process: the models/gcache folder and the routes of the background-search panel (GET /gcache/searches,
+    POST /gcache/searches/{id}/cancel). From get_node_list too: ComfyUI 0.3.64 never calls on_load."""
+    if not _SET_UP:
+        _SET_UP.append(True)
+        register_folder()
+        background.register_routes(all_folders)
+
+
 class GCacheExtension(ComfyExtension):
     async def on_load(self) -> None:
-        register_folder()
+        _set_up()
 
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
+        _set_up()
         return [GCacheApply, GCacheProfile, GCachePolicy, GCacheSearch, GCacheLoadProfile]

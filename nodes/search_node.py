@@ -1,6 +1,8 @@
-"""GCache Search: the bilevel search (search/bilevel.py) with real sampling inside the node."""
+"""GCache Search: the bilevel search (search/bilevel.py) with real sampling inside the node, in the foreground or in
+background slices (background.py)."""
 from __future__ import annotations
 
+import logging
 import os
 
 import comfy.model_management
@@ -10,17 +12,16 @@ from comfy_api.latest import io
 
 from ..core.errors import GCacheError
 from ..core.files import safe_name
-from ..core.policy import Policy
-from ..core.profile import Profile
-from ..search.bilevel import SearchConfig, SearchInterrupted, run_search
+from ..search.bilevel import SearchConfig, SearchInterrupted
 from ..search.objectives import OBJECTIVES, make_objective
 from ..search.plots import plot_search
+from ..search.requirements import require, search_modules
+from . import background
 from . import comfy_common as cc
-from . import artifacts, hooks
-from .apply_mode import apply_config
-from .profile_mode import profile_config
-from .fingerprint import content_hash
-from .sampling import decode, sample
+from .search_job import SearchJob, run_slice
+
+log = logging.getLogger("gcache")
+MODES = ("background", "foreground")
 
 
 class GCacheSearch(io.ComfyNode):
@@ -29,8 +30,11 @@ class GCacheSearch(io.ComfyNode):
         return io.Schema(
             node_id="GCacheSearch", display_name="GCache Search", category=cc.CATEGORY, is_output_node=True,
             description="Finds the K steps to compute: GP-LCB over the propagation weights outside, the exact DP "
-                        "inside, each candidate sampled and compared with the full run. Resumes from its state file "
-                        "when queued again; saves models/gcache/<policy_name>.json.",
+                        "inside, each candidate sampled and compared with the full run. In the background (the "
+                        "default) it samples the reference runs, returns the best policy so far and goes on in "
+                        "slices queued behind your own prompts; the GCache panel shows it. Resumes from its state "
+                        "file when queued again; saves models/gcache/<policy_name>.json.",
+            hidden=[io.Hidden.prompt, io.Hidden.unique_id],
             inputs=[
                 io.Model.Input("model", tooltip="The model to search a policy for (without GCache Apply)."),
                 io.Conditioning.Input("positive", tooltip="Positive conditioning of the reference runs."),
@@ -65,6 +69,13 @@ class GCacheSearch(io.ComfyNode):
                                        "runs' forecast errors too (a connected profile needs them)."),
                 io.String.Input("policy_name", default="my_policy",
                                 tooltip="Saved as models/gcache/<name>.json; <name>.search.json keeps the state."),
+                io.Combo.Input("mode", options=list(MODES), default="background", optional=True,
+                               tooltip="background: return at once and search in slices queued behind your own "
+                                       "prompts (ComfyUI stays usable); foreground: search until done inside this "
+                                       "prompt (API prompts that predate this input run in the foreground)."),
+                io.Int.Input("slice_seconds", default=60, min=1, max=3600, optional=True,
+                             tooltip="background: evaluations per slice until this many seconds are spent (at least "
+                                     "one). A prompt you queue meanwhile waits at most one slice."),
                 cc.GCacheProfile.Input("profile", optional=True,
                                        tooltip="A profile from GCache Load Profile; without one the node profiles "
                                                "its own full-compute reference runs."),
@@ -74,71 +85,153 @@ class GCacheSearch(io.ComfyNode):
         )
 
     @classmethod
+    def fingerprint_inputs(cls, **kwargs):
+        return float("nan")  # never served from ComfyUI's cache: each queue starts, continues or reports the search
+
+    @classmethod
     def execute(cls, model, positive, negative, latent, vae, seed, seeds, steps, cfg, sampler_name, scheduler, k,
-                budget, degree, objective, policy_name, profile=None, forecast="reuse (0)") -> io.NodeOutput:
+                budget, degree, objective, policy_name, profile=None, forecast="reuse (0)", mode="foreground",
+                slice_seconds=60) -> io.NodeOutput:
         cc.check_choice("forecast", forecast, list(cc.FORECAST))
-        order = cc.FORECAST[forecast]
-        folder = cc.folder()
-        name = safe_name(policy_name, "policy name")
-        state_file = artifacts.state_path(folder, name)
-        own_profile = os.path.join(folder, name + ".search" + artifacts.PROFILE_SUFFIX)
-        seed_list = [seed + i for i in range(seeds)]
-        config = SearchConfig(k=k, degree=degree, budget=budget, seed=seed, objective=objective, forecast=order)
+        cc.check_choice("mode", mode, MODES)
+        config = SearchConfig(k=k, degree=degree, budget=budget, seed=seed, objective=objective,
+                              forecast=cc.FORECAST[forecast])
         config.validate(steps)  # K and the budget are refused before any sampling, not after the references
-        loss_fn = make_objective(objective)  # fails early, with a message, when LPIPS weights are missing
-        pbar = comfy.utils.ProgressBar(budget + 1 + len(seed_list))
-        done = [0]
+        require(*search_modules(objective))  # before any sampling: names a missing package and its pip command
+        make_objective(objective)  # fails early, with a message, when LPIPS weights are missing
+        job = SearchJob(model, positive, negative, latent, vae, [seed + i for i in range(seeds)], steps, cfg,
+                        sampler_name, scheduler, config, cc.folder(), safe_name(policy_name, "policy name"), profile)
+        hidden = getattr(cls, "hidden", None)
+        prompt, node_id = getattr(hidden, "prompt", None), getattr(hidden, "unique_id", None)
+        slice_of = background.marker(prompt, node_id)
+        if slice_of is not None:
+            return _slice(job, slice_of, slice_seconds)
+        if mode == "background" and prompt is not None and node_id is not None:
+            return _start(job, prompt, node_id, slice_seconds)
+        return _foreground(job)
 
-        def tick():
-            done[0] += 1
-            pbar.update_absolute(done[0])
 
-        def run(m, s):
-            return decode(vae, sample(m, s, steps, cfg, sampler_name, scheduler, positive, negative, latent))
+def _finished(job: SearchJob) -> io.NodeOutput:
+    """A search whose state file says it is done: its policy, with no sampling (as the foreground search ends)."""
+    profile = job.load_profile()
+    result = job.search(profile, [], lambda: False)  # a finished state evaluates nothing
+    policy = job.finish(result, profile)
+    return io.NodeOutput(policy, cc.pil_to_image(plot_search(result, [float(t) for t in profile.times])))
 
-        # Reference (full-compute) runs; they are also the profile when none is given, recorded through the
-        # same file path GCache Profile uses (<name>.search.profile.safetensors).
-        record = profile is None and not (os.path.isfile(state_file) and os.path.isfile(own_profile))
-        ref_model = model
-        if record:
-            if os.path.isfile(own_profile):
-                os.remove(own_profile)  # left by a search whose state is gone: it is recorded again now
-            ref_model = hooks.patch_model(model, profile_config(model, own_profile, forecast=bool(order)))
-        refs = []
-        for s in seed_list:
-            refs.append(run(ref_model, s))
-            tick()
-        if profile is None:
-            if not os.path.isfile(own_profile):
-                raise GCacheError("The reference runs recorded no profile (was sampling interrupted?).")
-            profile = Profile.load(own_profile)
-        if profile.n_steps != steps:
-            raise GCacheError(f"The profile has {profile.n_steps} steps but steps = {steps}: set steps to "
-                              f"{profile.n_steps} or profile this step count.")
 
-        def evaluate(mask):
-            pol = Policy(list(mask), times=[float(t) for t in profile.times],
-                         sigmas=[float(s) for s in profile.sigmas], method="search-candidate", forecast=order)
-            m = hooks.patch_model(model, apply_config(model, pol, on_mismatch="error"))
-            return [loss_fn(run(m, s), r) for s, r in zip(seed_list, refs)]  # per seed: paired comparisons
+def _foreground(job: SearchJob) -> io.NodeOutput:
+    if (_state(job) or {}).get("done"):
+        return _finished(job)
+    n = len(job.seeds)
+    pbar = comfy.utils.ProgressBar(job.config.budget + 1 + n)
+    done = [0]
 
-        def progress(info):
-            pbar.update_absolute(len(seed_list) + min(int(info.get("iteration", 0)), budget), budget + 1 + len(seed_list))
+    def tick():
+        done[0] += 1
+        pbar.update_absolute(done[0])
 
-        # What the references depend on, so that a state file made with another prompt/LoRA is not resumed.
-        provenance = {"model": type(model.get_model_object("diffusion_model")).__name__, "seeds": seed_list,
-                      "inputs": content_hash(positive, negative, latent["samples"], sorted(map(str, model.patches)),
-                                             type(vae.first_stage_model).__name__ if hasattr(vae, "first_stage_model") else ""),
-                      "steps": steps, "cfg": cfg, "sampler": sampler_name, "scheduler": scheduler,
-                      "latent_shape": list(latent["samples"].shape)}
-        try:
-            result = run_search(profile, config, evaluate, state_path=state_file, progress=progress,
-                                should_stop=comfy.model_management.processing_interrupted, provenance=provenance)
-        except SearchInterrupted:
-            comfy.model_management.throw_exception_if_processing_interrupted()  # ComfyUI's own Interrupt
-            raise
-        policy = result.policy
-        policy.save(artifacts.policy_path(folder, name))
-        pbar.update_absolute(budget + 1 + len(seed_list))
+    refs = job.references(tick)
+    profile = job.load_profile()
+
+    def progress(info):
+        pbar.update_absolute(n + min(int(info.get("iteration", 0)), job.config.budget), job.config.budget + 1 + n)
+
+    try:
+        result = job.search(profile, refs, comfy.model_management.processing_interrupted, progress)
+    except SearchInterrupted:
+        comfy.model_management.throw_exception_if_processing_interrupted()  # ComfyUI's own Interrupt
+        raise
+    policy = job.finish(result, profile)
+    pbar.update_absolute(job.config.budget + 1 + n)
+    return io.NodeOutput(policy, cc.pil_to_image(plot_search(result, [float(t) for t in profile.times])))
+
+
+def _start(job: SearchJob, prompt: dict, node_id: str, slice_seconds: int) -> io.NodeOutput:
+    """The user queued GCache Search: references (once), then the best policy so far, and a slice queued."""
+    running, key = background.JOBS.get(job.name), job.refs_key()
+    if running is not None and running.status in ("queued", "running") and running.refs_key == key:
+        log.info("GCache Search %s runs in the background (%d of %d evaluations): its best policy so far.", job.name,
+                 running.evaluations, job.config.budget)
+        return _report(job, job.load_profile(), running)
+    state = _state(job)
+    if state is not None and state.get("done"):  # finished before: its policy, as the foreground search gives it
+        return _finished(job)
+    refs = running.refs if running is not None and running.refs is not None and running.refs_key == key \
+        else job.references()
+    profile = job.load_profile()
+    bg = background.Job(job.name, job.state_path, job.config.budget, str(node_id),
+                        background.slice_prompt(prompt, node_id, job.name), refs=refs, refs_key=key,
+                        evaluations=len((state or {}).get("history") or []))
+    background.JOBS.put(bg)
+    _queue_next(bg, f"started; {bg.evaluations} of {bg.budget} evaluations done" if state else "started")
+    return _report(job, profile, bg)
+
+
+def _slice(job: SearchJob, job_id: str, seconds: int) -> io.NodeOutput:
+    """A slice prompt: evaluations for `seconds`, then the next slice (or the end)."""
+    bg = background.JOBS.get(job_id)
+    if bg is None or bg.status in ("cancelled", "done", "failed"):
+        log.info("GCache Search %s: %s; this slice does nothing.", job_id, "not running" if bg is None else bg.status)
+        profile = job.load_profile() if bg is not None else None
+        return _report(job, profile, bg) if profile is not None else io.NodeOutput(None, None)
+    if bg.refs is None or bg.refs_key != job.refs_key():
+        bg.refs, bg.refs_key = job.references(), job.refs_key()
+    profile = job.load_profile()
+    pbar = comfy.utils.ProgressBar(job.config.budget)
+    background.JOBS.update(bg, status="running", message="evaluating")
+
+    def progress(info):
+        best = info.get("best_loss")
+        background.JOBS.update(bg, evaluations=int(info.get("iteration", bg.evaluations)),
+                               best_loss=None if best is None else float(best))
+        pbar.update_absolute(min(bg.evaluations, job.config.budget), job.config.budget)
+
+    try:
+        result, why = run_slice(job, profile, bg.refs, seconds, lambda: bg.status == "cancelled", progress)
+    except Exception as e:
+        background.JOBS.update(bg, status="failed", message=str(e), refs=None)
+        raise
+    if why == "done":
+        policy = job.finish(result, profile)
+        background.JOBS.update(bg, status="done", evaluations=len(result.history), refs=None,
+                               best_loss=float(policy.metrics["loss"]),
+                               message=f"done: {os.path.basename(job.state_path)[:-len('.search.json')]}.json saved")
+        log.info("GCache Search %s: done in the background; the policy is saved.", job.name)
         return io.NodeOutput(policy, cc.pil_to_image(plot_search(result, [float(t) for t in profile.times])))
+    if why == "interrupted":
+        background.JOBS.update(bg, status="paused", message="interrupted: queue GCache Search again to resume")
+        comfy.model_management.throw_exception_if_processing_interrupted()
+    if why == "time":
+        _queue_next(bg, f"{bg.evaluations} of {bg.budget} evaluations")
+    return _report(job, profile, bg)
 
+
+def _queue_next(bg: background.Job, what: str) -> None:
+    try:
+        bg.queued_prompt = background.queue_prompt(bg.prompt)
+        background.JOBS.update(bg, status="queued", message=f"{what}; next slice queued")
+    except (OSError, RuntimeError, KeyError, ValueError) as e:
+        background.JOBS.update(bg, status="paused", message=f"could not queue the next slice ({e}): queue GCache "
+                                                            "Search again to resume")
+        log.error("GCache Search %s: could not queue the next slice (%s); queue GCache Search again to resume.",
+                  bg.id, e)
+
+
+def _state(job: SearchJob):
+    from .search_job import _peek
+    return _peek(job.state_path)
+
+
+def _report(job: SearchJob, profile, bg) -> io.NodeOutput:
+    """The best policy so far and a picture of the search as it stands."""
+    from ..search.instant import propagation_weights
+    from ..search.plots import plot_policy
+    policy = job.best_so_far(profile)
+    state = _state(job)
+    status = f"{bg.status}: {bg.evaluations} of {bg.budget} evaluations" if bg is not None else "not running"
+    if state and state.get("history"):
+        image = plot_search(state, [float(t) for t in profile.times])
+    else:
+        image = plot_policy(policy, propagation_weights(profile, "theory"),
+                            f"GCache Search {job.name} ({status}): the instant policy until the first evaluations")
+    return io.NodeOutput(policy, cc.pil_to_image(image))

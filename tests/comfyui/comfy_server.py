@@ -38,15 +38,19 @@ def _post(url, data):
 
 
 @contextlib.contextmanager
-def comfy_server(base):
-    """A ComfyUI server on a free loopback port, with this repository and the test pack as custom nodes."""
-    (base / "custom_nodes").mkdir()
-    os.symlink(REPO, base / "custom_nodes" / "ComfyUI-GCache")
-    os.symlink(os.path.join(HERE, "gcache_test_pack"), base / "custom_nodes" / "gcache_test_pack")
+def comfy_server(base, fresh: bool = True):
+    """A ComfyUI server on a free loopback port, with this repository and the test pack as custom nodes (fresh=False:
+    a server started again on a base directory an earlier one used)."""
+    if fresh:
+        (base / "custom_nodes").mkdir()
+        os.symlink(REPO, base / "custom_nodes" / "ComfyUI-GCache")
+        os.symlink(os.path.join(HERE, "gcache_test_pack"), base / "custom_nodes" / "gcache_test_pack")
     port = _free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    log = open(base / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port),
+    log = open(base / "server.log", "a")
+    # on a GPU (bench/gpu_check.sh) the server runs with ComfyUI's defaults there: since 0.33, Dynamic VRAM
+    device = [] if os.environ.get("GCACHE_TEST_SERVER_GPU") else ["--cpu"]
+    proc = subprocess.Popen([sys.executable, "main.py", *device, "--listen", "127.0.0.1", "--port", str(port),
                              "--base-directory", str(base), "--disable-auto-launch"],
                             cwd=COMFY, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -63,9 +67,10 @@ def comfy_server(base):
             info = None
         if proc.poll() is not None or info is None:
             pytest.fail("ComfyUI did not start: " + (base / "server.log").read_text()[-3000:])
-        yield {"url": url, "info": info, "base": base, "log": base / "server.log"}
+        yield {"url": url, "info": info, "base": base, "log": base / "server.log", "proc": proc}
     finally:
-        proc.terminate()
+        if proc.poll() is None:
+            proc.terminate()
         try:
             proc.wait(30)
         except subprocess.TimeoutExpired:

@@ -1,0 +1,196 @@
+"""GCache Search in the background: a search runs in slices queued through ComfyUI's own prompt queue. Imports
+ComfyUI.
+
+Queuing GCache Search (mode "background") samples the reference runs, returns the best policy known so far and queues
+a *slice prompt*: the part of the user's prompt that GCache Search needs (its node and everything upstream of it,
+which ComfyUI serves from its cache or loads again: it keeps managing the models), with a marker in the node's inputs
+that only GCache Search reads (SLICE_KEY; ComfyUI passes a node only the inputs it declares). A slice runs
+evaluations until its time budget is spent (at least one), saves the state file and queues the next slice at the end
+of the queue, behind whatever the user queued meanwhile: ComfyUI runs one prompt at a time, so a user prompt waits at
+most one slice and the search never samples beside it. Slices are queued over ComfyUI's HTTP API (the public way to
+queue, the same in every ComfyUI version), on loopback.
+
+Jobs is the one owner of the searches this ComfyUI process runs: status for the frontend panel (web/gcache.js) over
+GET /gcache/searches and the "gcache.search" event, Cancel (POST /gcache/searches/{id}/cancel: the search ends, its
+state file is kept), and the reference images kept between slices. A server that was killed lists its unfinished
+state files as paused; queueing GCache Search again resumes them.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+log = logging.getLogger("gcache")
+SLICE_KEY = "gcache_slice"  # in a slice prompt's GCache Search inputs: the search it continues
+EVENT = "gcache.search"
+
+
+@dataclass
+class Job:
+    """One background search, as this process knows it."""
+    id: str                          # the policy name (one search per name and folder)
+    state_path: str
+    budget: int
+    node_id: str
+    prompt: dict                     # the slice prompt queued for each slice
+    status: str = "queued"           # queued | running | paused | cancelled | done | failed
+    evaluations: int = 0             # history entries so far (instant masks and start grid included)
+    best_loss: Optional[float] = None
+    message: str = ""
+    refs: Any = None                 # the reference images, kept between slices (dropped when the search ends)
+    refs_key: str = ""               # what the references were sampled from (a changed prompt samples them again)
+    queued_prompt: Optional[str] = None
+    updated: float = field(default_factory=time.time)
+
+    def public(self) -> dict:
+        return {"id": self.id, "status": self.status, "evaluations": self.evaluations, "budget": self.budget,
+                "best_loss": self.best_loss, "message": self.message, "state_file": os.path.basename(self.state_path),
+                "updated": round(self.updated, 3)}
+
+
+class Jobs:
+    def __init__(self):
+        self._jobs: dict[str, Job] = {}
+        self._lock = threading.Lock()
+
+    def get(self, job_id: str) -> Optional[Job]:
+        return self._jobs.get(job_id)
+
+    def put(self, job: Job) -> Job:
+        with self._lock:
+            self._jobs[job.id] = job
+        self.update(job)
+        return job
+
+    def update(self, job: Job, **changes) -> None:
+        for k, v in changes.items():
+            setattr(job, k, v)
+        job.updated = time.time()
+        _send(job.public())
+
+    def cancel(self, job_id: str) -> Optional[Job]:
+        job = self._jobs.get(job_id)
+        if job is not None and job.status not in ("done", "failed"):
+            self.update(job, status="cancelled", message="cancelled; its state file is kept: queue GCache Search again "
+                                                         "to resume", refs=None)
+        return job
+
+    def listing(self, folders: list[str]) -> list[dict]:
+        """The searches of this process, then unfinished state files in the gcache folders (paused)."""
+        out = [j.public() for j in sorted(self._jobs.values(), key=lambda j: -j.updated)]
+        known = {j.state_path for j in self._jobs.values()}
+        for folder in folders:
+            if not os.path.isdir(folder):
+                continue
+            for f in sorted(os.listdir(folder)):
+                path = os.path.join(folder, f)
+                if not f.endswith(".search.json") or path in known:
+                    continue
+                try:
+                    with open(path, encoding="utf-8") as fh:
+                        state = json.load(fh)
+                    hist, budget = state["history"], int(state["config"]["budget"])
+                except (OSError, ValueError, KeyError, TypeError):
+                    continue
+                if state.get("done"):
+                    continue
+                losses = [h["loss"] for h in hist if isinstance(h, dict) and isinstance(h.get("loss"), (int, float))]
+                out.append({"id": f[:-len(".search.json")], "status": "paused", "evaluations": len(hist),
+                            "budget": budget, "best_loss": min(losses) if losses else None,
+                            "message": "not running in this ComfyUI: queue GCache Search again to resume",
+                            "state_file": f, "updated": round(os.path.getmtime(path), 3)})
+        return out
+
+
+JOBS = Jobs()
+
+
+def _send(data: dict) -> None:
+    try:
+        from server import PromptServer
+        PromptServer.instance.send_sync(EVENT, data)
+    except Exception:  # noqa: BLE001  no server (in-process use): nobody to tell
+        pass
+
+
+# ------------------------------------------------------------------------------------------- slice prompts
+def slice_prompt(prompt: dict, node_id: str, job_id: str) -> dict:
+    """GCache Search's node and everything upstream of it in `prompt` (API format), with the slice marker."""
+    keep, todo = set(), [str(node_id)]
+    while todo:
+        nid = todo.pop()
+        if nid in keep or nid not in prompt:
+            continue
+        keep.add(nid)
+        for v in (prompt[nid].get("inputs") or {}).values():
+            if isinstance(v, list) and len(v) == 2 and isinstance(v[0], (str, int)):
+                todo.append(str(v[0]))
+    # only what a client sends: ComfyUI writes its own keys into the prompt it runs ("is_changed": a fingerprint of
+    # NaN sent back as JSON would be one shared NaN object, equal to itself, and GCache Search would come from cache)
+    out = {nid: json.loads(json.dumps({k: prompt[nid][k] for k in ("class_type", "inputs", "_meta")
+                                       if k in prompt[nid]})) for nid in keep}
+    out[str(node_id)]["inputs"][SLICE_KEY] = job_id
+    return out
+
+
+def marker(prompt: Optional[dict], node_id: Optional[str]) -> Optional[str]:
+    """The search a slice prompt continues (None when the user queued the node)."""
+    try:
+        return prompt[str(node_id)]["inputs"].get(SLICE_KEY)
+    except (TypeError, KeyError, AttributeError):
+        return None
+
+
+def queue_prompt(prompt: dict) -> str:
+    """Queue `prompt` at the end of ComfyUI's queue, over its HTTP API on loopback; returns its prompt id."""
+    from comfy.cli_args import args
+    from server import PromptServer
+    srv = PromptServer.instance
+    host = getattr(srv, "address", None) or "127.0.0.1"
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    elif ":" in host:
+        host = f"[{host}]"
+    scheme = "https" if getattr(args, "tls_keyfile", None) else "http"
+    url = f"{scheme}://{host}:{srv.port}/prompt"
+    data = json.dumps({"prompt": prompt, "client_id": f"gcache-{uuid.uuid4().hex[:8]}"}).encode()
+    req = urllib.request.Request(url, data, {"Content-Type": "application/json"})
+    ctx = None
+    if scheme == "https":  # our own server's certificate
+        import ssl
+        ctx = ssl._create_unverified_context()
+    try:
+        with urllib.request.urlopen(req, timeout=30, context=ctx) as r:
+            return json.loads(r.read())["prompt_id"]
+    except urllib.error.HTTPError as e:
+        raise RuntimeError(f"ComfyUI refused the next slice: HTTP {e.code} {e.read().decode(errors='replace')[:500]}")
+
+
+# ------------------------------------------------------------------------------------------- routes
+def register_routes(folders) -> None:
+    """GET /gcache/searches, POST /gcache/searches/{id}/cancel (added once, when the extension loads)."""
+    try:
+        from aiohttp import web
+        from server import PromptServer
+    except ImportError:
+        return
+    routes = PromptServer.instance.routes
+
+    @routes.get("/gcache/searches")
+    async def list_searches(request):
+        return web.json_response({"searches": JOBS.listing(folders())})
+
+    @routes.post("/gcache/searches/{job_id}/cancel")
+    async def cancel_search(request):
+        job = JOBS.cancel(request.match_info["job_id"])
+        if job is None:
+            return web.json_response({"error": "no such search running in this ComfyUI"}, status=404)
+        return web.json_response(job.public())

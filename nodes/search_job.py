@@ -1,0 +1,196 @@
+"""One GCache Search, inside ComfyUI: its reference runs, its profile, evaluate(mask), and running it in the
+foreground or one background slice at a time. Imports ComfyUI.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import comfy.model_management
+import comfy.samplers
+import comfy.utils
+
+from ..core import forecasters
+from ..core.errors import GCacheError
+from ..core.policy import Policy
+from ..core.profile import Profile
+from ..search.bilevel import SearchConfig, SearchInterrupted, SearchResult, run_search
+from ..search.objectives import make_objective
+from ..search.state import load_state
+from . import artifacts, hooks
+from .apply_mode import apply_config
+from .auto_mode import auto_name
+from .fingerprint import content_hash
+from .profile_mode import profile_config
+from .sampling import decode, sample
+
+log = logging.getLogger("gcache")
+
+
+@dataclass
+class SearchJob:
+    """What one queue of GCache Search asks for (the node's inputs), and how to run it."""
+    model: object
+    positive: object
+    negative: object
+    latent: dict
+    vae: object
+    seeds: list
+    steps: int
+    cfg: float
+    sampler_name: str
+    scheduler: str
+    config: SearchConfig
+    folder: str
+    name: str
+    profile: Optional[Profile] = None   # connected; else the reference runs are profiled
+
+    @property
+    def state_path(self) -> str:
+        return artifacts.state_path(self.folder, self.name)
+
+    @property
+    def own_profile(self) -> str:
+        return os.path.join(self.folder, self.name + ".search" + artifacts.PROFILE_SUFFIX)
+
+    def provenance(self) -> dict:
+        """What the references depend on, so that a state file made with another prompt/LoRA is not resumed."""
+        vae = type(self.vae.first_stage_model).__name__ if hasattr(self.vae, "first_stage_model") else ""
+        return {"model": type(self.model.get_model_object("diffusion_model")).__name__, "seeds": self.seeds,
+                "inputs": content_hash(self.positive, self.negative, self.latent["samples"],
+                                       sorted(map(str, self.model.patches)), vae),
+                "steps": self.steps, "cfg": self.cfg, "sampler": self.sampler_name, "scheduler": self.scheduler,
+                "latent_shape": list(self.latent["samples"].shape)}
+
+    def refs_key(self) -> str:
+        return content_hash(self.provenance())
+
+    def run(self, m, seed: int):
+        return decode(self.vae, sample(m, seed, self.steps, self.cfg, self.sampler_name, self.scheduler,
+                                       self.positive, self.negative, self.latent))
+
+    # ---------------------------------------------------------------- references and profile
+    def references(self, tick: Callable[[], None] = lambda: None) -> list:
+        """The full-compute images of the seeds; they are also the profile when none is connected, recorded through
+        the same file path GCache Profile uses (<name>.search.profile.safetensors)."""
+        record = self.profile is None and not (os.path.isfile(self.state_path) and os.path.isfile(self.own_profile))
+        ref_model = self.model
+        if record:
+            if os.path.isfile(self.own_profile):
+                os.remove(self.own_profile)  # left by a search whose state is gone: it is recorded again now
+            ref_model = hooks.patch_model(self.model, profile_config(self.model, self.own_profile,
+                                                                     forecast=self.config.forecast != "reuse"))
+        refs = []
+        for s in self.seeds:
+            refs.append(self.run(ref_model, s))
+            tick()
+        return refs
+
+    def load_profile(self) -> Profile:
+        profile = self.profile
+        if profile is None:
+            if not os.path.isfile(self.own_profile):
+                raise GCacheError("The reference runs recorded no profile (was sampling interrupted?).")
+            profile = Profile.load(self.own_profile)
+        if profile.n_steps != self.steps:
+            raise GCacheError(f"The profile has {profile.n_steps} steps but steps = {self.steps}: set steps to "
+                              f"{profile.n_steps} or profile this step count.")
+        return profile
+
+    # ---------------------------------------------------------------- the search
+    def search(self, profile: Profile, refs: list, should_stop: Callable[[], bool],
+               progress: Optional[Callable[[dict], None]] = None) -> SearchResult:
+        """Runs (or resumes) the search until it is done or should_stop() says stop (SearchInterrupted)."""
+        loss_fn = make_objective(self.config.objective)
+        fc = forecasters.get(self.config.forecast)
+
+        def evaluate(mask):
+            pol = Policy(list(mask), times=[float(t) for t in profile.times],
+                         sigmas=[float(s) for s in profile.sigmas], method="search-candidate", forecast=fc.name,
+                         forecast_params=fc.fit(profile, list(mask)))
+            m = hooks.patch_model(self.model, apply_config(self.model, pol, on_mismatch="error"))
+            return [loss_fn(self.run(m, s), r) for s, r in zip(self.seeds, refs)]  # per seed: paired comparisons
+
+        return run_search(profile, self.config, evaluate, state_path=self.state_path, progress=progress,
+                          should_stop=should_stop, provenance=self.provenance())
+
+    def finish(self, result: SearchResult, profile: Profile) -> Policy:
+        """Saves the policy (and a copy for GCache Apply (auto) of the same model, steps and scheduler)."""
+        policy = result.policy
+        policy.metrics.setdefault("io_share", round(profile.io_share, 4))
+        policy.save(artifacts.policy_path(self.folder, self.name))
+        try:
+            sigmas = comfy.samplers.calculate_sigmas(self.model.get_model_object("model_sampling"), self.scheduler,
+                                                     self.steps + (1 if self.trims() else 0)).tolist()
+            if self.trims():
+                sigmas = sigmas[:-2] + sigmas[-1:]
+            name = auto_name(self.model, sigmas)
+            if name is not None:
+                path = name.searched_path(self.folder, policy.n_computed)
+                policy.save(path)
+                log.info("GCache Search: GCache Apply (auto) on this model, %d steps and %s uses it from now on at "
+                         "K = %d (%s).", self.steps, self.scheduler, policy.n_computed, os.path.basename(path))
+        except (GCacheError, OSError, RuntimeError) as e:  # the search's own policy is saved: say, don't fail
+            log.warning("GCache Search: could not save the policy for GCache Apply (auto) too (%s).", e)
+        return policy
+
+    def trims(self) -> bool:
+        """Samplers that drop the penultimate sigma of a schedule one step longer (as KSampler does)."""
+        return self.sampler_name in getattr(comfy.samplers.KSampler, "DISCARD_PENULTIMATE_SIGMA_SAMPLERS", ())
+
+    def best_so_far(self, profile: Profile) -> Policy:
+        """The best mask the search has measured, else the instant policy of its forecaster."""
+        from ..search.instant import instant_policy
+        fc = forecasters.get(self.config.forecast)
+        state = _peek(self.state_path)
+        hist = (state or {}).get("history") or []
+        if not hist:
+            pol = instant_policy(profile, self.config.k, "theory", forecast=fc.name)
+            pol.provenance["search"] = "no evaluation yet: the instant policy"
+            return pol
+        best = min(hist, key=lambda h: (h["loss"], h["i"]))
+        mask = [int(c) for c in best["mask"]]
+        return Policy(mask, times=[float(t) for t in profile.times], sigmas=[float(s) for s in profile.sigmas],
+                      method="gcache (in progress)", forecast=fc.name, forecast_params=fc.fit(profile, mask),
+                      provenance={"search": f"best of {len(hist)} of {self.config.budget} evaluations so far"},
+                      metrics={"loss": best["loss"], "objective": self.config.objective})
+
+
+def run_slice(job: SearchJob, profile: Profile, refs: list, seconds: float, cancelled: Callable[[], bool],
+              progress: Optional[Callable[[dict], None]] = None) -> tuple[Optional[SearchResult], str]:
+    """Evaluations until `seconds` are spent (at least one), or the search is done, cancelled or interrupted.
+    Returns (the result when done, why it stopped: "done" | "time" | "cancelled" | "interrupted")."""
+    t0 = time.monotonic()
+    start = len((_peek(job.state_path) or {}).get("history") or [])
+    seen = [start]
+    why = ["time"]
+
+    def on_progress(info):
+        seen[0] = int(info.get("iteration", seen[0]))
+        if progress:
+            progress(info)
+
+    def should_stop() -> bool:
+        if comfy.model_management.processing_interrupted():
+            why[0] = "interrupted"
+            return True
+        if cancelled():
+            why[0] = "cancelled"
+            return True
+        return seen[0] > start and time.monotonic() - t0 >= seconds
+
+    try:
+        return job.search(profile, refs, should_stop, on_progress), "done"
+    except SearchInterrupted:
+        return None, why[0]
+
+
+def _peek(path: str) -> Optional[dict]:
+    """A search state file as it is (None when there is none or it can't be read: the search itself says why)."""
+    try:
+        return load_state(path) if os.path.isfile(path) else None
+    except GCacheError:
+        return None
