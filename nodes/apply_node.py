@@ -6,7 +6,7 @@ from comfy_api.latest import io
 from ..core.errors import GCacheError
 from ..core.policy import Policy
 from . import comfy_common as cc
-from . import artifacts, hooks
+from . import artifacts, companions, hooks
 from .apply_mode import apply_config
 from .auto_mode import auto_config
 from .run_config import CACHE_DEVICES, STEP_MISMATCH
@@ -17,6 +17,7 @@ class GCacheApply(io.ComfyNode):
     def define_schema(cls):
         return io.Schema(
             node_id="GCacheApply", display_name="GCache Apply", category=cc.CATEGORY,
+            hidden=[io.Hidden.prompt, io.Hidden.unique_id],
             description="Skip the transformer block stack on the steps a GCache policy marks 0 and reuse the "
                         "cached residual of the last computed step. With policy_file (auto) and no policy connected, "
                         "the first run profiles and saves an instant policy for this model, steps, scheduler and "
@@ -38,9 +39,11 @@ class GCacheApply(io.ComfyNode):
                                        "predicted speed-up does not exceed it. Optional, so that API prompts written "
                                        "before it existed still run."),
                 io.Combo.Input("forecast", options=["policy's"] + list(cc.FORECAST), default="policy's", optional=True,
-                               tooltip="On skipped steps: the policy's choice, reuse the last residual (0), or "
-                                       "forecast it from the last 2 (linear) or 3 (quadratic) computed steps; each "
-                                       "order keeps one more residual per branch."),
+                               tooltip="On skipped steps: the policy's choice ((auto): the forecaster its profile "
+                                       "says is best), reuse the last residual, forecast it from the last 2 (linear) "
+                                       "or 3 (quadratic) computed steps, or with coefficients fitted to the profile "
+                                       "(fitted; needs a profile recorded with record_forecast). Each kept residual "
+                                       "costs one more latent-sized tensor per branch."),
                 io.String.Input("policy_json", default="", multiline=True, optional=True,
                                 tooltip="A policy as JSON text (what a policy file holds), for API clients such as the "
                                         "cluster search's ComfyUI workers; overrides policy_file. Empty: unused."),
@@ -69,10 +72,13 @@ class GCacheApply(io.ComfyNode):
         if policy is None and policy_json and policy_json.strip():
             policy = Policy.from_json(policy_json, source="policy_json")
         if policy is None and policy_file in (cc.AUTO, cc.NO_FILE):
-            config = auto_config(model, cc.folder(), auto_speedup, on_mismatch=step_mismatch, cache_device=device)
+            config = auto_config(model, cc.folder(), auto_speedup, on_mismatch=step_mismatch, cache_device=device,
+                                 forecast=cc.FORECAST.get(forecast))
         else:
             if policy is None:
                 policy = artifacts.read_policy(cc.find_file(policy_file))
             config = apply_config(model, policy, on_mismatch=step_mismatch, cache_device=device,
                                   forecast=cc.FORECAST.get(forecast))
-        return io.NodeOutput(hooks.patch_model(model, config))
+        hidden = getattr(cls, "hidden", None)  # TorchCompileModel / EasyCache after this node: refused here
+        companions.check_prompt(getattr(hidden, "prompt", None), getattr(hidden, "unique_id", None), "GCache Apply")
+        return io.NodeOutput(hooks.patch_model(model, config, "GCache Apply"))

@@ -13,6 +13,7 @@ from typing import Optional, Union
 
 from comfy.patcher_extension import WrappersMP
 
+from . import companions
 from .adapters import Route, block_slots
 from .apply_mode import ApplyConfig
 from .auto_mode import AutoConfig
@@ -25,8 +26,10 @@ KEY = "gcache"
 Config = Union[ApplyConfig, AutoConfig, ProfileConfig]
 
 
-def patch_model(model, config: Config):
-    """A clone of `model` with GCache wired in (replacing GCache hooks of an earlier GCache node)."""
+def patch_model(model, config: Config, what: str = "GCache"):
+    """A clone of `model` with GCache wired in (replacing GCache hooks of an earlier GCache node). `what`: the node,
+    for messages about what runs beside it (companions.py)."""
+    companions.check_model(model, what)
     m = model.clone()
     dm = m.get_model_object("diffusion_model")
     m.model_options.setdefault("transformer_options", {})[KEY] = config
@@ -44,6 +47,7 @@ def patch_model(model, config: Config):
             original = type(block).forward.__get__(block)  # the class's forward, not an earlier patch
             m.add_object_patch(f"diffusion_model.{slot.stack.attr}.{slot.child}.forward",
                                make_gated_forward(slot, original, config.owner))
+    companions.compile_blocks(m, ad, dm, what)  # TorchCompileModel before GCache: compile the blocks instead
     return m
 
 
@@ -57,6 +61,7 @@ def _outer_sample(executor, *args, **kwargs):
     config: Optional[Config] = guider.model_options.get("transformer_options", {}).get(KEY)
     if config is None:
         return executor(*args, **kwargs)
+    companions.check_run(guider.model_options, guider.model_patcher, "GCache")
     names = ("noise", "latent_image", "sampler", "sigmas", "denoise_mask", "callback", "disable_pbar", "seed")
     a = dict(zip(names, args), **kwargs)
 

@@ -8,7 +8,7 @@ from comfy_api.latest import io
 from ..core.errors import GCacheError
 from ..core.profile import Profile
 from ..search.plots import plot_profile
-from . import artifacts, hooks
+from . import artifacts, companions, hooks
 from . import comfy_common as cc
 from .profile_mode import profile_config
 from .run_config import CACHE_DEVICES
@@ -19,6 +19,7 @@ class GCacheProfile(io.ComfyNode):
     def define_schema(cls):
         return io.Schema(
             node_id="GCacheProfile", display_name="GCache Profile", category=cc.CATEGORY,
+            hidden=[io.Hidden.prompt, io.Hidden.unique_id],
             description="Records the block-stack residuals of every full sampling run of this model and adds them "
                         "to models/gcache/<name>.profile.safetensors (runs again on every queue).",
             inputs=[
@@ -55,7 +56,9 @@ class GCacheProfile(io.ComfyNode):
         # a damaged profile file stops the prompt here, before any sampling (not after it, losing the image)
         config = profile_config(model, path, history_device=CACHE_DEVICES[history_device],
                                 forecast=bool(record_forecast))
-        return io.NodeOutput(hooks.patch_model(model, config))
+        hidden = getattr(cls, "hidden", None)  # TorchCompileModel / EasyCache after this node: refused here
+        companions.check_prompt(getattr(hidden, "prompt", None), getattr(hidden, "unique_id", None), "GCache Profile")
+        return io.NodeOutput(hooks.patch_model(model, config, "GCache Profile"))
 
 
 class GCacheLoadProfile(io.ComfyNode):

@@ -25,7 +25,7 @@ import tiny_models as tm  # noqa: E402
 from gcache.core.errors import GCacheError  # noqa: E402
 from gcache.core.policy import Policy  # noqa: E402
 from gcache.core.profile import Profile  # noqa: E402
-from gcache.nodes import apply_mode, hooks, profile_mode, search_node  # noqa: E402
+from gcache.nodes import apply_mode, hooks, profile_mode, search_job  # noqa: E402
 from gcache.nodes.apply_node import GCacheApply  # noqa: E402
 from gcache.nodes.search_node import GCacheSearch  # noqa: E402
 
@@ -137,7 +137,7 @@ def test_search_finishes_tiny_budget_and_resumes_after_interrupt(built, gcache_d
     m, pos, neg, lat = built["flux"]
     args = (m, pos, neg, {"samples": lat}, FakeVAE(), 0, 1, 8, 1.0, "euler", "simple", 3, 12, 2, "ssim", "s1")
     calls = {"n": 0}
-    real = search_node.sample
+    real = search_job.sample
 
     def interrupting(*a, **kw):
         calls["n"] += 1
@@ -145,7 +145,7 @@ def test_search_finishes_tiny_budget_and_resumes_after_interrupt(built, gcache_d
             comfy.model_management.interrupt_current_processing(True)
         return real(*a, **kw)
 
-    monkeypatch.setattr(search_node, "sample", interrupting)
+    monkeypatch.setattr(search_job, "sample", interrupting)
     with pytest.raises(comfy.model_management.InterruptProcessingException):
         GCacheSearch.execute(*args)
     import json
@@ -279,74 +279,135 @@ def test_abandoned_split_recording_is_dropped_when_the_next_prompt_starts(built,
 
 
 # ------------------------------------------------------------------------------------------- instant / auto
-def _cpu_time_of(fn, repeats=3):
-    """Median time of fn: CPU time of this thread on the CPU (torch runs single-threaded here; steadier than wall
-    time on a busy box), synchronized wall time on a GPU (bench/gpu_check.sh), where the CPU only launches."""
-    import statistics
-    import time
-    cuda = tm.DEVICE.type == "cuda"
-    clock = time.perf_counter if cuda else time.thread_time
-    ts = []
-    for _ in range(repeats):
-        t0 = clock()
-        fn()
-        if cuda:
-            torch.cuda.synchronize()
-        ts.append(clock() - t0)
-    return statistics.median(ts)
-
-
 def visible(folder) -> list:
     """The files a user sees in the folder (not the hidden lock files beside profiles)."""
     return sorted(f for f in os.listdir(folder) if not f.startswith("."))
 
 
-def test_apply_auto_profiles_once_then_applies_the_instant_policy(built, gcache_dir, caplog):
-    from gcache.search.instant import instant_policy
-    m, pos, neg, lat = built["flux"]
+@pytest.mark.parametrize("family", ["flux", "wan"])
+def test_apply_auto_profiles_once_then_forecasts_with_the_best_instant_policy(built, gcache_dir, caplog, family):
+    from gcache.search.instant import choose_forecaster, instant_policy
+    m, pos, neg, lat = built[family]
     model = GCacheApply.execute(m, "(auto)", "model device", "remap", 2.0).result[0]
-    with caplog.at_level("INFO", logger="gcache"), BlockCounter(m, "flux") as first:
-        ksample(model, pos, neg, lat, cfg=3.0)
+    with caplog.at_level("INFO", logger="gcache"), BlockCounter(m, family) as first:
+        plain_run = ksample(model, pos, neg, lat, cfg=3.0)
     assert len(first.batches) == N  # the first run computes every step (and profiles it)
+    assert torch.equal(plain_run, ksample(m, pos, neg, lat, cfg=3.0))
     names = visible(gcache_dir)  # (plus the profile's hidden lock file)
-    assert len(names) == 2 and all(n.startswith("auto_Flux-") and "_6steps_simple" in n for n in names), names
+    model_cls = type(m.get_model_object("diffusion_model")).__name__
+    assert len(names) == 2 and all(n.startswith(f"auto_{model_cls}-") and "_6steps_simple" in n for n in names), names
     pol_name = next(n for n in names if n.endswith("_6steps_simple_2x.json"))
     prof_name = next(n for n in names if n.endswith("_6steps_simple.profile.safetensors"))
-    assert "computes every step and profiles it" in caplog.text and "the next run applies it" in caplog.text
-    pol = Policy.load(str(gcache_dir / pol_name))
-    prof = Profile.load(str(gcache_dir / prof_name))
-    assert pol.mask == instant_policy(prof, pol.n_computed, "theory").mask and pol.n_computed < N
+    pol, prof = Policy.load(str(gcache_dir / pol_name)), Profile.load(str(gcache_dir / prof_name))
+    k = pol.n_computed
+    best, scores = choose_forecaster(prof, k)
+    assert prof.has_fit_stats() and set(scores) == {"reuse", "linear", "fitted"}  # auto records what forecasting needs
+    assert pol.forecast == best and pol.mask == instant_policy(prof, k, "theory", forecast=best).mask and k < N
+    assert pol.metrics["io_share"] == pytest.approx(prof.io_share, abs=1e-4) and "io_time" in prof.meta
+    assert f"forecast {best} for K = {k}" in caplog.text and "the next run applies it" in caplog.text
     caplog.clear()
-    with caplog.at_level("INFO", logger="gcache"), BlockCounter(m, "flux") as second:
-        ksample(model, pos, neg, lat, cfg=3.0)
-    assert sum(second.batches) == pol.n_computed * 2  # K steps, two branches (cond and uncond) in one batch
-    assert f"applying {pol_name}" in caplog.text
-    # faster than the plain model, on a Flux where the block stack dominates a step (the tiny one is mostly
-    # Python): CPU time of the sampling thread, medians of 3, steadier than wall time on a shared machine
-    big, bpos, bneg, blat = tm.flux(hidden_size=256, depth=4, side=32)
-    fast = GCacheApply.execute(big, "(auto)", "model device", "remap", 2.0).result[0]
-    ksample(fast, bpos, bneg, blat, cfg=3.0)  # profiles, saves its own auto policy
-    t_auto = _cpu_time_of(lambda: ksample(fast, bpos, bneg, blat, cfg=3.0))
-    t_plain = _cpu_time_of(lambda: ksample(big, bpos, bneg, blat, cfg=3.0))
-    print(f"auto {t_auto:.3f} s vs plain {t_plain:.3f} s per 6-step run: {t_plain / t_auto:.2f}x")
-    assert t_auto < 0.8 * t_plain
-    for f in visible(gcache_dir):
-        if f not in names:
-            os.remove(gcache_dir / f)  # the big model's own auto files
+    with caplog.at_level("INFO", logger="gcache"), BlockCounter(m, family) as second:
+        forecast_run = ksample(model, pos, neg, lat, cfg=3.0)
+    assert sum(second.batches) == k * 2  # K steps, two branches (cond and uncond) in one batch
+    assert f"applying {pol_name} (forecast {best})" in caplog.text
+    if best != "reuse":
+        assert f"forecast {best}, 2 residuals kept per branch" in caplog.text
+    # the same policy applied by hand gives the same latent
+    assert torch.equal(forecast_run, ksample(hooks.patch_model(m, apply_mode.apply_config(m, pol)), pos, neg, lat,
+                                             cfg=3.0))
+    # an explicit "reuse" on Apply gives reuse: the reuse instant policy from the saved profile, not saved
+    caplog.clear()
+    reuse = GCacheApply.execute(m, "(auto)", "model device", "remap", 2.0, "reuse (0)").result[0]
+    with caplog.at_level("INFO", logger="gcache"):
+        reuse_run = ksample(reuse, pos, neg, lat, cfg=3.0)
+    want = instant_policy(prof, k, "theory", forecast="reuse")
+    assert torch.equal(reuse_run, ksample(hooks.patch_model(m, apply_mode.apply_config(m, want)), pos, neg, lat,
+                                          cfg=3.0))
+    assert "built for the forecast input (reuse), not saved" in caplog.text and visible(gcache_dir) == names
     # another batch size keeps the policy; another step count remaps it; neither profiles again
-    with BlockCounter(m, "flux") as c:
-        ksample(model, pos, neg, lat.repeat(2, 1, 1, 1))
-    assert len(c.batches) == pol.n_computed and c.batches[0] == 2
+    with BlockCounter(m, family) as c:
+        ksample(model, pos, neg, lat.repeat(2, *[1] * (lat.dim() - 1)))
+    assert len(c.batches) == k and c.batches[0] == 2
     caplog.clear()
-    with caplog.at_level("INFO", logger="gcache"), BlockCounter(m, "flux") as c:
+    with caplog.at_level("INFO", logger="gcache"), BlockCounter(m, family) as c:
         ksample(model, pos, neg, lat, steps=12)
-    assert "remapping " + pol_name in caplog.text and len(c.batches) == pol.n_computed * 2  # K scales with N
+    assert "remapping " + pol_name in caplog.text and len(c.batches) == k * 2  # K scales with N
     assert visible(gcache_dir) == names
     # another speed-up reuses the profile: its policy is built at once, with no full-compute run
     caplog.clear()
-    with caplog.at_level("INFO", logger="gcache"), BlockCounter(m, "flux") as c:
+    with caplog.at_level("INFO", logger="gcache"), BlockCounter(m, family) as c:
         ksample(GCacheApply.execute(m, "(auto)", "model device", "remap", 1.5).result[0], pos, neg, lat)
     assert "from the saved " + prof_name in caplog.text and len(c.batches) < N
+
+
+@pytest.mark.parametrize("family", ["flux", "wan"])
+def test_apply_auto_forecasts_with_the_forecast_input(built, gcache_dir, caplog, family):
+    """Apply's forecast input in (auto): the instant policy for that forecaster from auto's profile, applied with it."""
+    from gcache.search.instant import instant_policy
+    m, pos, neg, lat = built[family]
+    ksample(GCacheApply.execute(m, "(auto)", "model device", "remap", 2.0).result[0], pos, neg, lat, cfg=3.0)
+    prof = Profile.load(str(next(p for p in gcache_dir.iterdir() if p.name.endswith(".profile.safetensors"))))
+    k = Policy.load(str(next(p for p in gcache_dir.iterdir() if p.suffix == ".json"))).n_computed
+    for label, fc in (("linear (1)", "linear"), ("fitted (profile)", "fitted")):
+        caplog.clear()
+        with caplog.at_level("INFO", logger="gcache"), BlockCounter(m, family) as c:
+            out = ksample(GCacheApply.execute(m, "(auto)", "model device", "remap", 2.0, label).result[0], pos, neg,
+                          lat, cfg=3.0)
+        assert f"forecast {fc}, 2 residuals kept per branch" in caplog.text and sum(c.batches) == 2 * k
+        want = instant_policy(prof, k, "theory", forecast=fc)
+        assert want.forecast == fc and torch.equal(
+            out, ksample(hooks.patch_model(m, apply_mode.apply_config(m, want)), pos, neg, lat, cfg=3.0))
+
+
+def test_apply_auto_says_when_the_target_speedup_is_out_of_reach(built, gcache_dir, caplog):
+    m, pos, neg, lat = built["flux"]
+    model = GCacheApply.execute(m, "(auto)", "model device", "remap", 20.0).result[0]
+    with caplog.at_level("INFO", logger="gcache"):
+        ksample(model, pos, neg, lat)
+    assert "20x speed-up is out of reach at 6 steps" in caplog.text and "K = 1" in caplog.text
+
+
+def test_apply_auto_made_before_forecasting_keeps_working_and_is_rebuilt_from_a_forecast_profile(built, gcache_dir,
+                                                                                                   caplog):
+    m, pos, neg, lat = built["flux"]
+    model = GCacheApply.execute(m, "(auto)", "model device", "remap", 2.0).result[0]
+    ksample(model, pos, neg, lat)
+    pol_path = next(p for p in gcache_dir.iterdir() if p.suffix == ".json")
+    prof_path = next(p for p in gcache_dir.iterdir() if p.name.endswith(".profile.safetensors"))
+    import json
+    old = json.loads(pol_path.read_text())  # as auto wrote it before forecasting: reuse, no auto version
+    old.update(version=1, forecast=0, forecast_params={})
+    old["provenance"]["auto"].pop("version")
+    pol_path.write_text(json.dumps(old))
+    caplog.clear()
+    with caplog.at_level("INFO", logger="gcache"):
+        ksample(model, pos, neg, lat)
+    assert "rebuilt " + pol_path.name + ", made before auto forecasting" in caplog.text  # the profile can forecast
+    prof = Profile.load(str(prof_path))
+    prof.fit_sq_sum = prof.fit_cross_sum = prof.e1_sum = None  # a profile made before, too
+    prof.save(str(prof_path))
+    pol_path.write_text(json.dumps(old))
+    caplog.clear()
+    with caplog.at_level("INFO", logger="gcache"), BlockCounter(m, "flux") as c:
+        ksample(model, pos, neg, lat)
+    assert "made before auto forecasting (forecast reuse)" in caplog.text and len(c.batches) == sum(old["mask"])
+
+
+def test_a_truncated_auto_profile_is_set_aside_and_profiled_again(built, gcache_dir, caplog):
+    m, pos, neg, lat = built["flux"]
+    model = GCacheApply.execute(m, "(auto)", "model device", "remap", 2.0).result[0]
+    ksample(model, pos, neg, lat)
+    for p in list(gcache_dir.iterdir()):
+        if p.suffix == ".json":
+            p.unlink()
+        elif p.name.endswith(".profile.safetensors"):
+            p.write_bytes(p.read_bytes()[:100])  # a crash or a full disk cut it short
+    caplog.clear()
+    with caplog.at_level("INFO", logger="gcache"), BlockCounter(m, "flux") as c:
+        ksample(model, pos, neg, lat)
+    assert "can't be read" in caplog.text and "damaged-1" in caplog.text and len(c.batches) == N  # profiled again
+    assert any(p.name.endswith(".damaged-1.profile.safetensors") for p in gcache_dir.iterdir())
+    assert any(p.suffix == ".json" and p.name.startswith("auto_") for p in gcache_dir.iterdir())
 
 
 def test_apply_auto_in_an_unwritable_folder_keeps_the_image(built, gcache_dir, monkeypatch, caplog):
@@ -388,7 +449,7 @@ def test_profile_node_records_forecast_errors_for_a_forecast_policy(built, gcach
     prof = Profile.load(str(gcache_dir / "fc.profile.safetensors"))
     assert prof.E1.shape == (N, N, N) and prof.E1[0, 1, 2] > 0
     pol = GCachePolicy.execute(prof, "K", 2.0, 3, "theory", "", "", "linear (1)").result[0]
-    assert pol.forecast == 1 and pol.mask == instant_policy(prof, 3, "theory", forecast=1).mask
+    assert pol.forecast == "linear" and pol.mask == instant_policy(prof, 3, "theory", forecast="linear").mask
     with BlockCounter(m, "wan") as c:  # applied with forecasting: still K block runs
         ksample(hooks.patch_model(m, apply_mode.apply_config(m, pol)), pos, neg, lat)
     assert len(c.batches) == 3
