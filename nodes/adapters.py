@@ -3,7 +3,7 @@
 No ComfyUI import: a diffusion model is recognised by the module and name of a class in its MRO
 (`comfy.ldm.flux.model.Flux`), so Wan's VACE/Camera/S2V subclasses find the Wan entry and AuraFlow's `MMDiT`
 (comfy.ldm.aura.mmdit) is not taken for SD3's (comfy.ldm.modules.diffusionmodules.mmdit). Facts per family:
-research/comfyui-internals.md §4; each entry is verified in ComfyUI's own classes by tests/comfyui.
+the README's family table; each row is verified in ComfyUI's own classes by tests/comfyui/test_family_matrix.py.
 """
 from __future__ import annotations
 

@@ -47,7 +47,7 @@ class GCacheApply(io.ComfyNode):
                 io.String.Input("policy_json", default="", multiline=True, optional=True,
                                 tooltip="A policy as JSON text (what a policy file holds), for API clients such as the "
                                         "cluster search's ComfyUI workers; overrides policy_file. Empty: unused."),
-                cc.GCachePolicy.Input("policy", optional=True,
+                cc.PolicySocket.Input("policy", optional=True,
                                       tooltip="A policy from GCache Policy or GCache Search; overrides policy_file."),
             ],
             outputs=[io.Model.Output(tooltip="The model with GCache; connect it to your sampler.")],

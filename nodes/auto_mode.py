@@ -26,7 +26,7 @@ from ..core.policy import Policy, few_computed, k_for_speedup, out_of_reach, pre
 from ..core.profile import Profile
 from . import artifacts
 from .apply_mode import ApplyConfig
-from .fingerprint import content_hash
+from .content_hash import content_hash
 from .profile_mode import ProfileConfig
 from .run_config import RunConfig, catalog_for, check_step_mismatch
 from .runtime import RunState

@@ -13,8 +13,8 @@ from ..core.errors import GCacheError
 from . import artifacts
 
 CATEGORY = "GCache"
-GCachePolicy = io.Custom("GCACHE_POLICY")
-GCacheProfile = io.Custom("GCACHE_PROFILE")
+PolicySocket = io.Custom("GCACHE_POLICY")  # the type of a policy on a link (the node is GCache Policy)
+ProfileSocket = io.Custom("GCACHE_PROFILE")
 FOLDER = "gcache"
 NO_FILE = "(none)"
 AUTO = "(auto)"

@@ -17,7 +17,7 @@ from . import companions
 from .adapters import Route, block_slots
 from .apply_mode import ApplyConfig
 from .auto_mode import AutoConfig
-from .fingerprint import content_hash
+from .content_hash import content_hash
 from .profile_mode import ProfileConfig
 from .runtime import activate, current_run, deactivate, make_dit_patch, make_gated_forward
 

@@ -47,7 +47,7 @@ class GCachePolicy(io.ComfyNode):
             description="An instant policy from a profile: the exact DP picks the K steps to compute under an analytic "
                         "propagation weight (milliseconds, no sampling). GCache Search can improve on it.",
             inputs=[
-                cc.GCacheProfile.Input("profile", tooltip="A profile from GCache Load Profile (one profiled batch is enough)."),
+                cc.ProfileSocket.Input("profile", tooltip="A profile from GCache Load Profile (one profiled batch is enough)."),
                 io.Combo.Input("budget", options=list(BUDGETS), default="speed-up",
                                tooltip="Give the budget as a target speed-up (turned into K with the model's io share "
                                        "recorded in the profile) or as K directly."),
@@ -66,7 +66,7 @@ class GCachePolicy(io.ComfyNode):
                 io.String.Input("save_name", default="",
                                 tooltip="Save as models/gcache/<name>.json for GCache Apply's list (empty: not saved)."),
             ],
-            outputs=[cc.GCachePolicy.Output(tooltip="The policy, for GCache Apply."),
+            outputs=[cc.PolicySocket.Output(tooltip="The policy, for GCache Apply."),
                      io.Image.Output(tooltip="The weight w_j per step and the mask timeline.")],
         )
 

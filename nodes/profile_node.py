@@ -70,7 +70,7 @@ class GCacheLoadProfile(io.ComfyNode):
                         "indicators per step.",
             inputs=[io.Combo.Input("profile", options=cc.profile_choices(),
                                    tooltip="A profile recorded by GCache Profile (models/gcache/*.profile.safetensors).")],
-            outputs=[cc.GCacheProfile.Output(tooltip="The profile, for GCache Search."),
+            outputs=[cc.ProfileSocket.Output(tooltip="The profile, for GCache Search."),
                      io.Image.Output(tooltip="E heatmap and local indicators (rel-L1 of δ and h, ‖δ‖) per step.")],
         )
 

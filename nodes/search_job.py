@@ -23,7 +23,7 @@ from ..search.state import load_state
 from . import artifacts, hooks
 from .apply_mode import apply_config
 from .auto_mode import auto_name
-from .fingerprint import content_hash
+from .content_hash import content_hash
 from .profile_mode import profile_config
 from .sampling import decode, sample
 

@@ -76,11 +76,11 @@ class GCacheSearch(io.ComfyNode):
                 io.Int.Input("slice_seconds", default=60, min=1, max=3600, optional=True,
                              tooltip="background: evaluations per slice until this many seconds are spent (at least "
                                      "one). A prompt you queue meanwhile waits at most one slice."),
-                cc.GCacheProfile.Input("profile", optional=True,
+                cc.ProfileSocket.Input("profile", optional=True,
                                        tooltip="A profile from GCache Load Profile; without one the node profiles "
                                                "its own full-compute reference runs."),
             ],
-            outputs=[cc.GCachePolicy.Output(tooltip="The policy, for GCache Apply."),
+            outputs=[cc.PolicySocket.Output(tooltip="The policy, for GCache Apply."),
                      io.Image.Output(tooltip="Loss per iteration, learned w(t) and the mask as a timeline.")],
         )
 

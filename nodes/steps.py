@@ -1,6 +1,6 @@
 """Step attribution: which sampler step a model call belongs to, and where a run sits in its schedule.
 
-One function for GCache Apply and GCache Profile (DESIGN §3 "Steps"). No ComfyUI import: sigmas arrive as
+One function for GCache Apply and GCache Profile. No ComfyUI import: sigmas arrive as
 plain floats, the model's sigma → normalized-time map and its candidate schedules arrive as callables.
 
 Within a run. Samplers report the end of step i through their callback (k-diffusion calls it once per step

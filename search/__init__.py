@@ -14,6 +14,7 @@
     backbone_download.py LPIPS's AlexNet weights, fetched on first use
     plots.py             plot_search, plot_policy, plot_profile (Pillow images)
     cli.py               what the command-line tools share: seed lists, thread pinning
+    requirements.py      the optional packages a search needs, checked before it starts (how to install them)
 
 Modules are imported by name (e.g. `from gcache.search.bilevel import run_search`) so that importing the
 package stays cheap (scikit-learn and lpips load only when used).

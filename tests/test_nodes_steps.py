@@ -128,3 +128,27 @@ def test_same_step_count_on_another_schedule_is_remapped_by_time_not_by_index():
     with pytest.raises(GCacheError, match="another schedule of 6 steps"):
         place_policy(pol, sched, karras_like, on_mismatch="error")
     assert place_policy(pol, sched, [t + 1e-5 for t in pol.times]).note == ""  # float32 noise is the same schedule
+
+
+def test_scheduler_of_names_the_schedule_also_when_the_sampler_dropped_its_penultimate_sigma():
+    from gcache.nodes.steps import ScheduleCatalog
+
+    def calculate(name, n):
+        if name == "broken":
+            raise ValueError("cannot make this schedule")
+        if name == "square":
+            return [(1.0 - i / n) ** 2 for i in range(n + 1)]
+        return [1.0 - i / n for i in range(n + 1)]
+
+    cat = ScheduleCatalog(["broken", "linear", "square"], calculate)
+    linear6 = calculate("linear", 6)
+    assert cat.scheduler_of(linear6) == "linear"
+    assert cat.scheduler_of(calculate("square", 6)) == "square"
+    # dpm_2 / uni_pc sample 6 steps from a 7-step schedule with its penultimate sigma removed
+    square7 = calculate("square", 7)
+    dropped = square7[:-2] + square7[-1:]
+    assert len(dropped) == 7 and cat.scheduler_of(dropped) == "square-penultimate-dropped"
+    assert cat.name_of(dropped) is None  # not a full schedule of its own length
+    # float32 noise is the same schedule; sigmas from no scheduler are None, never a near guess
+    assert cat.scheduler_of([v + 1e-6 for v in linear6]) == "linear"
+    assert cat.scheduler_of([1.0, 0.7, 0.31, 0.0]) is None

@@ -1,4 +1,4 @@
-"""Forecasters: what a skipped step adds to its block input h instead of running the blocks (DESIGN §3 "Forecast").
+"""Forecasters: what a skipped step adds to its block input h instead of running the blocks.
 
 A forecaster is one small object behind one protocol, registered by name. The engine, the Policy file, the DP and
 the nodes ask this registry (`get(name)`), never a hard-coded order. Adding one (e.g. Hermite, as in HiCache) is one

@@ -20,3 +20,16 @@ if COMFY:
     import comfy.cli_args
 
     comfy.cli_args.args.cpu = not torch.cuda.is_available()  # before comfy.model_management picks a device
+
+
+    @pytest.fixture()
+    def gcache_dir(tmp_path):
+        """models/gcache pointed at a fresh folder for one test (and back afterwards)."""
+        import folder_paths
+        old = folder_paths.folder_names_and_paths.get("gcache")
+        folder_paths.folder_names_and_paths["gcache"] = ([str(tmp_path)], {".json", ".safetensors"})
+        yield tmp_path
+        if old is None:
+            folder_paths.folder_names_and_paths.pop("gcache", None)
+        else:
+            folder_paths.folder_names_and_paths["gcache"] = old

@@ -10,7 +10,6 @@ if not COMFY:
 import torch  # noqa: E402
 
 import comfy.sd  # noqa: E402
-import folder_paths  # noqa: E402
 import nodes as comfy_nodes  # noqa: E402
 import tiny_models as tm  # noqa: E402
 
@@ -27,17 +26,6 @@ MASK = [1, 0, 1, 0, 0, 1]
 def built(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("companion_unets"))
     return {"flux": tm.flux(), "wan": tm.wan(d)}
-
-
-@pytest.fixture()
-def gcache_dir(tmp_path):
-    old = folder_paths.folder_names_and_paths.get("gcache")
-    folder_paths.folder_names_and_paths["gcache"] = ([str(tmp_path)], {".json", ".safetensors"})
-    yield tmp_path
-    if old is None:
-        folder_paths.folder_names_and_paths.pop("gcache", None)
-    else:
-        folder_paths.folder_names_and_paths["gcache"] = old
 
 
 def ksample(model, pos, neg, lat, cfg=3.0, seed=0):

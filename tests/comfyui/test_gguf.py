@@ -66,17 +66,6 @@ def unet_dir(tmp_path_factory):
     folder_paths.filename_list_cache.clear()
 
 
-@pytest.fixture()
-def gcache_dir(tmp_path):
-    old = folder_paths.folder_names_and_paths.get("gcache")
-    folder_paths.folder_names_and_paths["gcache"] = ([str(tmp_path)], {".json", ".safetensors"})
-    yield tmp_path
-    if old is None:
-        folder_paths.folder_names_and_paths.pop("gcache", None)
-    else:
-        folder_paths.folder_names_and_paths["gcache"] = old
-
-
 def ksample(model, pos, neg, lat, cfg=3.0):
     return comfy_nodes.common_ksampler(model, 0, N, cfg, "euler", "simple", pos, neg, {"samples": lat})[0]["samples"]
 

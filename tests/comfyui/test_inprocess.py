@@ -43,17 +43,6 @@ def built(tmp_path_factory):
     return out
 
 
-@pytest.fixture()
-def gcache_dir(tmp_path):
-    old = folder_paths.folder_names_and_paths.get("gcache")
-    folder_paths.folder_names_and_paths["gcache"] = ([str(tmp_path)], {".json", ".safetensors"})
-    yield tmp_path
-    if old is None:
-        folder_paths.folder_names_and_paths.pop("gcache", None)
-    else:
-        folder_paths.folder_names_and_paths["gcache"] = old
-
-
 def ksample(model, pos, neg, lat, steps=N, cfg=1.0, sampler="euler", seed=0, **kw):
     return comfy_nodes.common_ksampler(model, seed, steps, cfg, sampler, "simple", pos, neg, {"samples": lat},
                                        **kw)[0]["samples"]
