@@ -188,6 +188,9 @@ def _slice(job: SearchJob, job_id: str, seconds: int) -> io.NodeOutput:
 
     try:
         result, why = run_slice(job, profile, bg.refs, seconds, lambda: bg.status == "cancelled", progress)
+    except comfy.model_management.InterruptProcessingException:  # Interrupt mid-evaluation (a BaseException in 0.33)
+        background.JOBS.update(bg, status="paused", message="interrupted: queue GCache Search again to resume")
+        raise
     except Exception as e:
         background.JOBS.update(bg, status="failed", message=str(e), refs=None)
         raise

@@ -32,7 +32,8 @@ def _post(url, data):
     req = urllib.request.Request(url, json.dumps(data).encode(), {"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
-            return json.loads(r.read())
+            body = r.read()
+            return json.loads(body) if body else {}  # /interrupt answers 200 with no body
     except urllib.error.HTTPError as e:  # ComfyUI says what it refused (validation errors per node)
         pytest.fail(f"POST {url}: {e.code} {e.read().decode(errors='replace')[:3000]}")
 

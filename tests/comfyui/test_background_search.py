@@ -168,3 +168,22 @@ def test_a_killed_server_lists_the_search_as_paused_and_resumes_it_when_queued_a
         resumed = json.loads((base / "models" / "gcache" / "killed.search.json").read_text())
         assert resumed["history"][:done_before] == state["history"][:done_before]
         assert "resumed at evaluation" in srv["log"].read_text()
+
+
+def test_interrupt_pauses_the_search_and_queueing_it_again_resumes(server):
+    finished(server, queue(server, search_prompt("interrupt_me", "background", slice_seconds=120, seeds=4)))
+    wait_for(server, "interrupt_me", lambda s: s.get("status") == "running" and s.get("evaluations", 0) >= 2,
+             "ran two evaluations")
+    _post(server["url"] + "/interrupt", {})  # ComfyUI's own Interrupt, mid-slice (often mid-evaluation)
+    s = wait_for(server, "interrupt_me", lambda s: s.get("status") not in ("queued", "running"), "stopped")
+    assert s["status"] == "paused" and "queue GCache Search again" in s["message"], s
+    assert s["evaluations"] < BUDGET
+    state = json.loads((server["base"] / "models" / "gcache" / "interrupt_me.search.json").read_text())
+    assert not state["done"] and len(state["history"]) >= 2
+    time.sleep(2)
+    assert search(server, "interrupt_me")["status"] == "paused"  # no slice was queued after the Interrupt
+    finished(server, queue(server, search_prompt("interrupt_me", "background", slice_seconds=120, seeds=4)))
+    final = wait_for(server, "interrupt_me", lambda s: s.get("status") == "done", "finished")
+    assert final["evaluations"] == BUDGET
+    resumed = json.loads((server["base"] / "models" / "gcache" / "interrupt_me.search.json").read_text())
+    assert resumed["history"][:len(state["history"])] == state["history"]
