@@ -90,7 +90,9 @@ def test_torch_compile_before_gcache_compiles_the_blocks_and_never_recompiles_pe
 def test_torch_compile_after_gcache_is_said(built, caplog):
     from comfy_extras.nodes_torch_compile import TorchCompileModel
     m, pos, neg, lat = built["flux"]
-    compiled_after = TorchCompileModel.execute(apply(m, MASK), "inductor").result[0]
+    # dynamo's "eager" backend: the same wrapper and a real dynamo trace, without inductor's code generation per
+    # recompile (the inductor run of this test took 40 s of the CI budget for the same log line)
+    compiled_after = TorchCompileModel.execute(apply(m, MASK), "eager").result[0]
     with caplog.at_level("WARNING", logger="gcache"):
         ksample(compiled_after, pos, neg, lat)
     assert "compiled (TorchCompileModel) after GCache" in caplog.text and "Put TorchCompileModel before" in caplog.text
