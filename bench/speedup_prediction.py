@@ -4,8 +4,9 @@ whole steps) and, for comparison, the parameter-count estimate used before.
     predicted = N / (K + (N − K)·io_share)            measured = time of a full run / time of a run under the mask
 
 1. the reference model (N = 30, K = 10, 15, 20, batch 8 with CFG), always;
-2. a tiny ComfyUI Flux (width 256, 4 + 4 blocks, 32×32 latent, cfg 3) sampled by ComfyUI's KSampler with GCache
-   Profile / GCache Apply, when COMFYUI_PATH points to a ComfyUI tree (N = 12, K = 4, 6, 8).
+2. a tiny ComfyUI Flux (width 256, 4 + 4 blocks, 32×32 latent, cfg 3) and the bundled Wan workflow's tiny Wan 2.1,
+   sampled by ComfyUI's KSampler with GCache Profile / GCache Apply, when COMFYUI_PATH points to a ComfyUI tree
+   (N = 12, K = 4, 6, 8).
 
 Full and masked runs alternate; speed-ups are medians of per-pair ratios. Ends with one JSON line.
 
@@ -66,26 +67,33 @@ def comfyui(repeats: int) -> dict:
     from ..nodes import apply_mode, hooks, profile_mode
     from ..search.instant import instant_policy
     n = 12
-    m, pos, neg, lat = tm.flux(hidden_size=256, depth=4, side=32)
+    out = {}
+    unets = tempfile.TemporaryDirectory()  # the tiny Wan goes through UNETLoader from a file
+    for name, (m, pos, neg, lat) in (
+            ("ComfyUI Flux, width 256, 4+4 blocks, 32x32 latent, cfg 3 (N = 12)", tm.flux(hidden_size=256, depth=4,
+                                                                                            side=32)),
+            ("ComfyUI Wan 2.1, the bundled workflow's tiny one (width 128, 3 blocks), cfg 3 (N = 12)",
+             tm.wan(unets.name))):
+        def sample(model):
+            comfy_nodes.common_ksampler(model, 0, n, 3.0, "euler", "simple", pos, neg, {"samples": lat})
 
-    def sample(model):
-        comfy_nodes.common_ksampler(model, 0, n, 3.0, "euler", "simple", pos, neg, {"samples": lat})
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "bench.profile.safetensors")
-        cfg = profile_mode.profile_config(m, path)
-        sample(hooks.patch_model(m, cfg))
-        prof = Profile.load(path)
-    rows = []
-    for k in (4, 6, 8):
-        pol = instant_policy(prof, k, "theory")
-        fast = hooks.patch_model(m, apply_mode.apply_config(m, pol))
-        measured = _median_ratio(lambda: sample(m), lambda: sample(fast), repeats)
-        rows.append({"K": k, "predicted": round(predicted_speedup(n, k, prof.io_share), 3),
-                     "predicted_by_parameters": round(predicted_speedup(n, k, cfg.io_share), 3),
-                     "measured": round(measured, 3)})
-    return {"model": "ComfyUI Flux, width 256, 4+4 blocks, 32x32 latent, cfg 3 (N = 12)",
-            "io_share": round(prof.io_share, 4), "io_share_by_parameters": round(cfg.io_share, 4), "rows": rows}
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "bench.profile.safetensors")
+            cfg = profile_mode.profile_config(m, path)
+            sample(hooks.patch_model(m, cfg))
+            prof = Profile.load(path)
+        rows = []
+        for k in (4, 6, 8):
+            pol = instant_policy(prof, k, "theory")
+            fast = hooks.patch_model(m, apply_mode.apply_config(m, pol))
+            measured = _median_ratio(lambda: sample(m), lambda: sample(fast), repeats)
+            rows.append({"K": k, "predicted": round(predicted_speedup(n, k, prof.io_share), 3),
+                         "predicted_by_parameters": round(predicted_speedup(n, k, cfg.io_share), 3),
+                         "measured": round(measured, 3)})
+        out[name] = {"model": name, "io_share": round(prof.io_share, 4),
+                     "io_share_by_parameters": round(cfg.io_share, 4), "rows": rows}
+    unets.cleanup()
+    return out
 
 
 def main(argv=None) -> dict:
@@ -97,7 +105,8 @@ def main(argv=None) -> dict:
     set_threads(a.threads)
     out = {"reference": reference(a.repeats)}
     if os.environ.get("COMFYUI_PATH"):
-        out["comfyui"] = comfyui(a.repeats)
+        for i, part in enumerate(comfyui(a.repeats).values()):
+            out[f"comfyui_{i}"] = part
     for part in out.values():
         print(f"{part['model']}: io share {part['io_share']}")
         for r in part["rows"]:
