@@ -124,10 +124,18 @@ def load_lpips(device=None, backbone_path: Optional[str] = None, verify: bool = 
         if verify and not _sha256(path).startswith(ALEXNET_SHA256_PREFIX):
             raise LPIPSUnavailable(_missing_message(
                 path, f"{path} is not that file (its sha256 does not start with {ALEXNET_SHA256_PREFIX}); replace it"))
-    # pnet_rand=True builds torchvision's AlexNet without weights (no download); the lin layers load from the wheel.
+    # pnet_rand=True builds torchvision's AlexNet without weights (no download). The lin layers are the wheel's
+    # weights/v0.1/alex.pth, loaded here rather than by lpips (whose torch.load relies on torch's default) so that
+    # every .pth we read goes through weights_only=True: tensors only, no code runs.
     with warnings.catch_warnings():  # torchvision's deprecation notes about `pretrained=False`
         warnings.simplefilter("ignore", UserWarning)
-        net = lpips.LPIPS(net="alex", pretrained=True, pnet_rand=True, verbose=False)
+        net = lpips.LPIPS(net="alex", pretrained=False, pnet_rand=True, verbose=False)
+    lin_path = os.path.join(os.path.dirname(lpips.__file__), "weights", "v0.1", "alex.pth")
+    lin = torch.load(lin_path, map_location="cpu", weights_only=True)
+    missing, unexpected = net.load_state_dict(lin, strict=False)
+    if unexpected or any(k.startswith("lin") and not k.startswith("lins.") for k in missing):  # lins.i = lini
+        raise LPIPSUnavailable(f"lpips' own weights {lin_path} do not fit its model (missing {missing[:3]}, "
+                               f"unexpected {unexpected[:3]}): reinstall lpips (pip install --force-reinstall lpips)")
     if not random_backbone_for_tests:
         try:
             # torchvision ships this backbone only as a .pth (a pickle in a zip): the one non-safetensors file we

@@ -2,6 +2,7 @@
 import io
 import os
 import urllib.error
+import warnings
 import urllib.request
 
 import numpy as np
@@ -168,3 +169,26 @@ def test_real_lpips_orders_distortions():
     test, ref = _pair(s=64, noise=0.05)
     worse = _pair(s=64, noise=0.3)[0]
     assert f(ref, ref) == pytest.approx(0.0, abs=1e-6) and f(test, ref) < f(worse, ref)
+
+
+def test_lpips_reads_every_pth_with_weights_only_and_gets_the_papers_lin_layers(monkeypatch):
+    import lpips
+    import torch
+    from gcache.search import objectives as ob
+    seen = []
+    real_load = torch.load
+
+    def load(*args, **kwargs):
+        seen.append(kwargs.get("weights_only"))
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", load)
+    monkeypatch.setattr(ob, "_LPIPS_NETS", {})
+    net = ob.load_lpips(random_backbone_for_tests=True)
+    assert seen == [True]  # the lin layers; lpips' own torch.load (torch's default) is never reached
+    monkeypatch.setattr(torch, "load", real_load)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        theirs = lpips.LPIPS(net="alex", pretrained=True, pnet_rand=True, verbose=False)
+    ours = {k: v for k, v in net.state_dict().items() if k.startswith("lin")}
+    assert ours and all(torch.equal(v, theirs.state_dict()[k]) for k, v in ours.items())
