@@ -99,9 +99,17 @@ class Page:
             self.loop.run_until_complete(self.ws.close())
             self.loop.run_until_complete(self.session.close())
         self.loop.close()
-        self.proc.kill()
-        self.proc.wait(10)
-        shutil.rmtree(self.profile, ignore_errors=True)
+        self.proc.terminate()  # lets Chromium end its own helper processes, which write into the profile until then
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        for _ in range(50):
+            shutil.rmtree(self.profile, ignore_errors=True)
+            if not os.path.exists(self.profile):
+                break
+            time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
