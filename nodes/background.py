@@ -8,7 +8,8 @@ that only GCache Search reads (SLICE_KEY; ComfyUI passes a node only the inputs 
 evaluations until its time budget is spent (at least one), saves the state file and queues the next slice at the end
 of the queue, behind whatever the user queued meanwhile: ComfyUI runs one prompt at a time, so a user prompt waits at
 most one slice and the search never samples beside it. Slices are queued over ComfyUI's HTTP API (the public way to
-queue, the same in every ComfyUI version), on loopback.
+queue, the same in every ComfyUI version), on loopback, under the client id of the prompt that started the search:
+ComfyUI sends a prompt's events (progress on the node included) to the client that queued it.
 
 Jobs is the one owner of the searches this ComfyUI process runs: status for the frontend panel (web/gcache.js) over
 GET /gcache/searches and the "gcache.search" event, Cancel (POST /gcache/searches/{id}/cancel: the search ends, its
@@ -20,13 +21,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 import time
 import urllib.error
 import urllib.request
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
+
+from .artifacts import POLICY_SUFFIX, STATE_SUFFIX
 
 log = logging.getLogger("gcache")
 SLICE_KEY = "gcache_slice"  # in a slice prompt's GCache Search inputs: the search it continues
@@ -48,11 +51,13 @@ class Job:
     refs: Any = None                 # the reference images, kept between slices (dropped when the search ends)
     refs_key: str = ""               # what the references were sampled from (a changed prompt samples them again)
     queued_prompt: Optional[str] = None
+    client_id: Optional[str] = None  # who queued the search: each slice's progress goes to that client
     updated: float = field(default_factory=time.time)
 
     def public(self) -> dict:
         return {"id": self.id, "status": self.status, "evaluations": self.evaluations, "budget": self.budget,
-                "best_loss": self.best_loss, "message": self.message, "state_file": os.path.basename(self.state_path),
+                "best_loss": self.best_loss, "message": file_names(self.message),
+                "state_file": os.path.basename(self.state_path),
                 "updated": round(self.updated, 3)}
 
 
@@ -84,7 +89,8 @@ class Jobs:
         return job
 
     def listing(self, folders: list[str]) -> list[dict]:
-        """The searches of this process, then unfinished state files in the gcache folders (paused)."""
+        """The searches of this process, then the other state files in the gcache folders: finished ones (done, as
+        their policy file says) and unfinished ones (paused: a server that was killed or restarted)."""
         out = [j.public() for j in sorted(self._jobs.values(), key=lambda j: -j.updated)]
         known = {j.state_path for j in self._jobs.values()}
         for folder in folders:
@@ -92,22 +98,55 @@ class Jobs:
                 continue
             for f in sorted(os.listdir(folder)):
                 path = os.path.join(folder, f)
-                if not f.endswith(".search.json") or path in known:
-                    continue
-                try:
-                    with open(path, encoding="utf-8") as fh:
-                        state = json.load(fh)
-                    hist, budget = state["history"], int(state["config"]["budget"])
-                except (OSError, ValueError, KeyError, TypeError):
-                    continue
-                if state.get("done"):
-                    continue
-                losses = [h["loss"] for h in hist if isinstance(h, dict) and isinstance(h.get("loss"), (int, float))]
-                out.append({"id": f[:-len(".search.json")], "status": "paused", "evaluations": len(hist),
-                            "budget": budget, "best_loss": min(losses) if losses else None,
-                            "message": "not running in this ComfyUI: queue GCache Search again to resume",
-                            "state_file": f, "updated": round(os.path.getmtime(path), 3)})
+                if f.endswith(STATE_SUFFIX) and path not in known:
+                    row = _state_row(folder, f)
+                    if row is not None:
+                        out.append(row)
         return out
+
+
+def _state_row(folder: str, f: str) -> Optional[dict]:
+    """The tab's row of a state file no search of this process owns (None: not a readable state)."""
+    path, name = os.path.join(folder, f), f[:-len(STATE_SUFFIX)]
+    try:
+        with open(path, encoding="utf-8") as fh:
+            state = json.load(fh)
+        hist, budget = state["history"], int(state["config"]["budget"])
+        losses = [h["loss"] for h in hist if isinstance(h, dict) and isinstance(h.get("loss"), (int, float))]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    row = {"id": name, "status": "paused", "evaluations": len(hist), "budget": budget,
+           "best_loss": min(losses) if losses else None,
+           "message": "not running in this ComfyUI: queue GCache Search again to resume", "state_file": f,
+           "updated": round(os.path.getmtime(path), 3)}
+    if state.get("done"):
+        loss = _policy_loss(os.path.join(folder, name + POLICY_SUFFIX), state.get("fingerprint"))
+        row.update(status="done", message=f"done: {name}{POLICY_SUFFIX} saved" if loss is not None else
+                   f"done, but {name}{POLICY_SUFFIX} is missing or from another search: queue GCache Search again "
+                   "to save it")
+        if loss is not None:
+            row["best_loss"] = loss  # the loss of the policy it chose, as the tab showed when it finished
+    return row
+
+
+def _policy_loss(path: str, search: Optional[str]) -> Optional[float]:
+    """The loss of the policy file a finished search saved (None: none there, or another search's)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            policy = json.load(fh)
+        loss = policy["metrics"]["loss"]
+        same = search is not None and policy["provenance"]["state"] == search
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return float(loss) if same and isinstance(loss, (int, float)) else None
+
+
+def file_names(text: str) -> str:
+    """`text` with every absolute path shortened to its last part: the tab names files, never server folders."""
+    return _ABSOLUTE.sub(lambda m: m.group(1), text)
+
+
+_ABSOLUTE = re.compile(r"(?<![\w.:/\\])(?:[A-Za-z]:)?(?:[/\\]+[^\s/\\'\"()<>,;]+)*[/\\]+([^\s/\\'\"()<>,;]+)")
 
 
 JOBS = Jobs()
@@ -149,8 +188,18 @@ def marker(prompt: Optional[dict], node_id: Optional[str]) -> Optional[str]:
         return None
 
 
-def queue_prompt(prompt: dict) -> str:
-    """Queue `prompt` at the end of ComfyUI's queue, over its HTTP API on loopback; returns its prompt id."""
+def current_client() -> Optional[str]:
+    """The client id of the prompt ComfyUI is running now (None: queued without one, or no server)."""
+    try:
+        from server import PromptServer
+        return getattr(PromptServer.instance, "client_id", None)
+    except Exception:  # noqa: BLE001  no server (in-process use)
+        return None
+
+
+def queue_prompt(prompt: dict, client_id: Optional[str] = None) -> str:
+    """Queue `prompt` at the end of ComfyUI's queue, over its HTTP API on loopback, for `client_id` (ComfyUI sends
+    that client the prompt's events; without one, as a prompt queued without one); returns its prompt id."""
     from comfy.cli_args import args
     from server import PromptServer
     srv = PromptServer.instance
@@ -161,7 +210,7 @@ def queue_prompt(prompt: dict) -> str:
         host = f"[{host}]"
     scheme = "https" if getattr(args, "tls_keyfile", None) else "http"
     url = f"{scheme}://{host}:{srv.port}/prompt"
-    data = json.dumps({"prompt": prompt, "client_id": f"gcache-{uuid.uuid4().hex[:8]}"}).encode()
+    data = json.dumps({"prompt": prompt, **({"client_id": client_id} if client_id else {})}).encode()
     req = urllib.request.Request(url, data, {"Content-Type": "application/json"})
     ctx = None
     if scheme == "https":  # our own server's certificate

@@ -102,7 +102,7 @@ class ProfileConfig(RunConfig):
                 try:
                     old.check_compatible(Profile.empty(times, sched.sigmas[:-1], meta))
                 except GCacheError as e:
-                    raise GCacheError(f"{e} (profile file {path})") from None
+                    raise GCacheError(f"{e} (profile file {os.path.basename(path)})") from None
             key = sample_key()
             recorder = ProfileRecorder(times, sched.sigmas[:-1], meta, history_device=self.history_device,
                                        forecast=self.forecast)

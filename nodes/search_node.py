@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Callable
 
 import comfy.model_management
 import comfy.samplers
@@ -122,28 +123,37 @@ def _finished(job: SearchJob) -> io.NodeOutput:
 def _foreground(job: SearchJob) -> io.NodeOutput:
     if (_state(job) or {}).get("done"):
         return _finished(job)
-    n = len(job.seeds)
-    pbar = comfy.utils.ProgressBar(job.config.budget + 1 + n)
-    done = [0]
-
-    def tick():
-        done[0] += 1
-        pbar.update_absolute(done[0])
-
-    refs = job.references(tick)
+    refs = job.references(_reference_progress(len(job.seeds)))
     profile = job.load_profile()
-
-    def progress(info):
-        pbar.update_absolute(n + min(int(info.get("iteration", 0)), job.config.budget), job.config.budget + 1 + n)
-
+    bar = _evaluation_progress(job.config.budget, len((_state(job) or {}).get("history") or []))
     try:
-        result = job.search(profile, refs, comfy.model_management.processing_interrupted, progress)
+        result = job.search(profile, refs, comfy.model_management.processing_interrupted,
+                            lambda info: bar(info.get("iteration", 0)))
     except SearchInterrupted:
         comfy.model_management.throw_exception_if_processing_interrupted()  # ComfyUI's own Interrupt
         raise
     policy = job.finish(result, profile)
-    pbar.update_absolute(job.config.budget + 1 + n)
     return io.NodeOutput(policy, cc.pil_to_image(plot_search(result, [float(t) for t in profile.times])))
+
+
+def _reference_progress(n: int) -> Callable[[], None]:
+    """ComfyUI's progress bar on this node while the reference runs sample: runs done of n."""
+    pbar = comfy.utils.ProgressBar(n)
+    pbar.update_absolute(0, n)
+    done = [0]
+
+    def tick():
+        done[0] += 1
+        pbar.update_absolute(done[0], n)
+    return tick
+
+
+def _evaluation_progress(budget: int, done: int) -> Callable[[int], None]:
+    """ComfyUI's progress bar on this node while the search evaluates: evaluations done (the state file's history,
+    resumed ones included) of the budget."""
+    pbar = comfy.utils.ProgressBar(budget)
+    pbar.update_absolute(min(done, budget), budget)
+    return lambda evaluations: pbar.update_absolute(min(int(evaluations), budget), budget)
 
 
 def _start(job: SearchJob, prompt: dict, node_id: str, slice_seconds: int) -> io.NodeOutput:
@@ -152,16 +162,17 @@ def _start(job: SearchJob, prompt: dict, node_id: str, slice_seconds: int) -> io
     if running is not None and running.status in ("queued", "running") and running.refs_key == key:
         log.info("GCache Search %s runs in the background (%d of %d evaluations): its best policy so far.", job.name,
                  running.evaluations, job.config.budget)
+        running.client_id = background.current_client()  # its next slices report their progress to this client
         return _report(job, job.load_profile(), running)
     state = _state(job)
     if state is not None and state.get("done"):  # finished before: its policy, as the foreground search gives it
         return _finished(job)
     refs = running.refs if running is not None and running.refs is not None and running.refs_key == key \
-        else job.references()
+        else job.references(_reference_progress(len(job.seeds)))
     profile = job.load_profile()
     bg = background.Job(job.name, job.state_path, job.config.budget, str(node_id),
                         background.slice_prompt(prompt, node_id, job.name), refs=refs, refs_key=key,
-                        evaluations=len((state or {}).get("history") or []))
+                        evaluations=len((state or {}).get("history") or []), client_id=background.current_client())
     background.JOBS.put(bg)
     _queue_next(bg, f"started; {bg.evaluations} of {bg.budget} evaluations done" if state else "started")
     return _report(job, profile, bg)
@@ -175,16 +186,16 @@ def _slice(job: SearchJob, job_id: str, seconds: int) -> io.NodeOutput:
         profile = job.load_profile() if bg is not None else None
         return _report(job, profile, bg) if profile is not None else io.NodeOutput(None, None)
     if bg.refs is None or bg.refs_key != job.refs_key():
-        bg.refs, bg.refs_key = job.references(), job.refs_key()
+        bg.refs, bg.refs_key = job.references(_reference_progress(len(job.seeds))), job.refs_key()
     profile = job.load_profile()
-    pbar = comfy.utils.ProgressBar(job.config.budget)
+    bar = _evaluation_progress(job.config.budget, len((_state(job) or {}).get("history") or []))
     background.JOBS.update(bg, status="running", message="evaluating")
 
     def progress(info):
         best = info.get("best_loss")
         background.JOBS.update(bg, evaluations=int(info.get("iteration", bg.evaluations)),
                                best_loss=None if best is None else float(best))
-        pbar.update_absolute(min(bg.evaluations, job.config.budget), job.config.budget)
+        bar(bg.evaluations)
 
     try:
         result, why = run_slice(job, profile, bg.refs, seconds, lambda: bg.status == "cancelled", progress)
@@ -211,7 +222,7 @@ def _slice(job: SearchJob, job_id: str, seconds: int) -> io.NodeOutput:
 
 def _queue_next(bg: background.Job, what: str) -> None:
     try:
-        bg.queued_prompt = background.queue_prompt(bg.prompt)
+        bg.queued_prompt = background.queue_prompt(bg.prompt, bg.client_id)
         background.JOBS.update(bg, status="queued", message=f"{what}; next slice queued")
     except (OSError, RuntimeError, KeyError, ValueError) as e:
         background.JOBS.update(bg, status="paused", message=f"could not queue the next slice ({e}): queue GCache "

@@ -57,7 +57,8 @@ def load_state(path: str) -> dict:
         with open(path, "r", encoding="utf-8") as f:
             state = json.load(f)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise GCacheError(f"The search state {path} is unreadable or damaged ({e}). It was left as it is: delete it "
+        why = e.strerror if isinstance(e, OSError) and e.strerror else e  # an OSError's text repeats the path
+        raise GCacheError(f"The search state {name} is unreadable or damaged ({why}). It was left as it is: delete it "
                           "to start the search over, or choose another state file name.") from None
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         raise GCacheError(f"{name} is not a GCache search state (no 'format': '{STATE_FORMAT}'). It was left "

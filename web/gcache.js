@@ -1,5 +1,6 @@
 // GCache: the searches this ComfyUI runs in the background (GCache Search, mode "background"), with their progress
-// and a Cancel button. A sidebar tab in ComfyUI's frontend (a floating panel where the frontend has no sidebar API).
+// and a Cancel button, and the searches its models/gcache folders hold (finished, or paused: queue them again). A
+// sidebar tab in ComfyUI's frontend (a floating panel where the frontend has no sidebar API).
 // Data: GET /gcache/searches, live updates from the "gcache.search" event, Cancel: POST /gcache/searches/<id>/cancel.
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
@@ -19,7 +20,7 @@ function render(root) {
   root.append(text("h3", "GCache searches", "gcache-title"));
   const list = [...searches.values()].sort((a, b) => (b.updated || 0) - (a.updated || 0));
   if (!list.length) {
-    root.append(text("p", "No GCache Search is running. Queue one with mode \"background\".", "gcache-empty"));
+    root.append(text("p", "No GCache Search yet. Queue one with mode \"background\".", "gcache-empty"));
     return;
   }
   for (const s of list) {
@@ -39,7 +40,9 @@ function render(root) {
     row.append(bar);
     if (s.message) row.append(text("div", s.message, "gcache-message"));
     if (s.status === "queued" || s.status === "running") {
-      const cancel = text("button", "Cancel", "gcache-cancel");
+      // comfy-btn: the frontend's own button class and theme colours (frontends 1.27 and 1.49 both style it)
+      const cancel = text("button", "Cancel", "comfy-btn gcache-cancel");
+      cancel.style.cssText = "margin-top:4px;padding:2px 12px;font-size:12px";
       cancel.dataset.gcacheCancel = s.id;
       cancel.onclick = async () => {
         cancel.disabled = true;

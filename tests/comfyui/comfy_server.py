@@ -1,13 +1,16 @@
 """Start a real ComfyUI server for the suite (test helper; loopback only)."""
+import asyncio
 import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 
 import pytest
 
@@ -79,3 +82,42 @@ def comfy_server(base, fresh: bool = True):
         log.close()
 
 
+
+
+class Listener:
+    """A websocket client of the server under its own client id (aiohttp, which ComfyUI requires, in a thread): the
+    JSON events ComfyUI sends it, in the order they came."""
+
+    def __init__(self, url: str):
+        self.url, self.client_id, self.events = url, uuid.uuid4().hex, []
+        self._stop, self._connected = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._listen()), daemon=True)
+
+    async def _listen(self):
+        import aiohttp
+        async with aiohttp.ClientSession() as session:
+            async with session.ws_connect(self.url.replace("http", "ws", 1) + f"/ws?clientId={self.client_id}",
+                                          max_msg_size=0) as ws:
+                while not self._stop.is_set():
+                    try:
+                        msg = await ws.receive(timeout=0.2)
+                    except asyncio.TimeoutError:
+                        continue
+                    if msg.type == aiohttp.WSMsgType.TEXT:
+                        self.events.append(json.loads(msg.data))
+                        self._connected.set()  # the server's first "status": it knows this client id now
+                    elif msg.type in (aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR):
+                        return
+
+    def __enter__(self):
+        self._thread.start()
+        if not self._connected.wait(30):
+            pytest.fail(f"no websocket connection to {self.url}")
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(10)
+
+    def of(self, kind: str) -> list:
+        return [e["data"] for e in list(self.events) if e.get("type") == kind]

@@ -15,7 +15,7 @@ from conftest import COMFY, REASON
 if not COMFY:
     pytest.skip(REASON, allow_module_level=True)
 
-from comfy_server import _get, _post, comfy_server  # noqa: E402
+from comfy_server import Listener, _get, _post, comfy_server  # noqa: E402
 
 BUDGET = 30
 
@@ -103,8 +103,15 @@ def test_background_search_yields_to_user_prompts_and_equals_the_foreground_one(
               if "gcache_slice" in json.dumps(h.get("prompt", [None, None, {}])[2])]
     assert len(slices) >= 2  # the search ran as prompts of ComfyUI's own queue
     # the same search in the foreground, under another name: the same policy
-    fg = queue(server, search_prompt("fg", "foreground"))
-    assert finished(server, fg)["status"]["status_str"] == "success"
+    with Listener(server["url"]) as ws:
+        fg = _post(server["url"] + "/prompt", {"prompt": search_prompt("fg", "foreground"),
+                                               "client_id": ws.client_id})["prompt_id"]
+        assert finished(server, fg)["status"]["status_str"] == "success"
+    # its progress bar: the 2 reference runs, then evaluations of the budget
+    bars = [(d["max"], d["value"]) for d in ws.of("progress") if d["prompt_id"] == fg and d["node"] == "6"]
+    assert bars[0] == (2, 0) and (2, 2) in bars and bars[-1] == (BUDGET, BUDGET), bars
+    assert {m for m, _ in bars} == {2, BUDGET} and [v for m, v in bars if m == BUDGET] == \
+        sorted(v for m, v in bars if m == BUDGET)
     bg_pol, fg_pol = policy_file(server, "bg"), policy_file(server, "fg")
     assert bg_pol["mask"] == fg_pol["mask"] and bg_pol["metrics"]["loss"] == fg_pol["metrics"]["loss"]
     # GCache Apply (auto) on the same model, steps and scheduler, at a speed-up that asks for the search's K: the
@@ -130,6 +137,36 @@ def test_background_search_yields_to_user_prompts_and_equals_the_foreground_one(
     strip = ("seconds", "gp_seconds")
     assert [{k: v for k, v in e.items() if k not in strip} for e in bg_state["history"]] == \
         [{k: v for k, v in e.items() if k not in strip} for e in fg_state["history"]]
+
+
+def test_the_client_that_queued_the_search_sees_its_progress_on_the_node_in_every_slice(server):
+    """ComfyUI's progress bar on GCache Search's node (its "progress" events, sent to the client that queued the
+    prompt): reference runs done of the seeds in the user's prompt, then evaluations done of the budget in every
+    slice, the slices a slice queued included."""
+    seeds = 3
+    with Listener(server["url"]) as ws:
+        pid = _post(server["url"] + "/prompt", {"prompt": search_prompt("progress", "background", seeds=seeds),
+                                                "client_id": ws.client_id})["prompt_id"]
+        wait_for(server, "progress", lambda s: s.get("status") == "done", "finished")
+        time.sleep(1)  # the last slice's events reach the websocket
+    events = [(e["type"], e["data"]) for e in ws.events if e.get("type") in ("progress", "gcache.search")]
+    refs = [d for t, d in events if t == "progress" and d["prompt_id"] == pid]
+    assert refs and all(d["node"] == "6" and d["max"] == seeds for d in refs), refs
+    assert refs[-1]["value"] == seeds and [d["value"] for d in refs] == sorted(d["value"] for d in refs)
+    slices = {h["prompt"][1] for h in _get(server["url"] + "/history?max_items=1000").values()
+              if json.dumps(h["prompt"][2]).count('"gcache_slice": "progress"')}
+    evaluations, seen, last = None, set(), 0
+    for kind, d in events:
+        if kind == "gcache.search" and d["id"] == "progress":
+            evaluations = d["evaluations"]  # what the GCache tab shows
+        elif kind == "progress" and d["prompt_id"] != pid:
+            assert d["prompt_id"] in slices and d["node"] == "6" and d["max"] == BUDGET, d
+            assert d["value"] == evaluations and d["value"] >= last, (d, evaluations, last)
+            seen.add(d["prompt_id"])
+            last = d["value"]
+    state = json.loads((server["base"] / "models" / "gcache" / "progress.search.json").read_text())
+    assert last == BUDGET == len(state["history"])
+    assert len(seen) >= 2, seen  # the first slice and ones queued by a slice, all for this client
 
 
 def test_cancel_ends_the_search_and_keeps_its_state_file(server):

@@ -1,0 +1,81 @@
+"""What the GCache tab lists from the state files (headless): finished searches with their policy's loss, unfinished
+ones as paused, and file names, never server folders."""
+import json
+import os
+
+import pytest
+
+from gcache.core.errors import GCacheError
+from gcache.nodes.background import Jobs, file_names
+from gcache.search.bilevel import SearchConfig, run_search
+from gcache.search.state import load_state
+from test_search_bilevel import CFG, Evaluator, make_profile
+
+
+@pytest.mark.parametrize("text, shown", [
+    ("The search state /srv/ComfyUI/models/gcache/a.search.json is damaged.",
+     "The search state a.search.json is damaged."),
+    ("[Errno 13] Permission denied: '/home/u/ComfyUI/models/gcache/p.json'", "[Errno 13] Permission denied: 'p.json'"),
+    (r"C:\ComfyUI\models\gcache\x.json is locked", "x.json is locked"),
+    (r"[WinError 5] Access is denied: 'D:\\ComfyUI\\models\\gcache\\x.json'",
+     "[WinError 5] Access is denied: 'x.json'"),
+    ("Can't lock x.json in /srv/models/gcache (busy)", "Can't lock x.json in gcache (busy)"),
+    # not paths: left alone
+    ("computed 3/8 steps, 12 of 30 evaluations", "computed 3/8 steps, 12 of 30 evaluations"),
+    ("from https://download.pytorch.org/models/alexnet.pth", "from https://download.pytorch.org/models/alexnet.pth"),
+    ("done: my_policy.json saved", "done: my_policy.json saved"),
+])
+def test_file_names_shortens_absolute_paths_only(text, shown):
+    assert file_names(text) == shown
+
+
+def _search(folder, name, crash_at=None):
+    """A real search state (and its policy file when it finishes), as GCache Search leaves them in models/gcache."""
+    prof = make_profile()
+    path = os.path.join(folder, name + ".search.json")
+    try:
+        res = run_search(prof, SearchConfig(**CFG), Evaluator(prof, crash_at=crash_at), state_path=path)
+    except RuntimeError:  # the simulated crash: an unfinished state file
+        return None
+    res.policy.save(os.path.join(folder, name + ".json"))
+    return res.policy
+
+
+def test_the_listing_shows_finished_searches_with_their_policy_loss_and_unfinished_ones_as_paused(tmp_path):
+    done = _search(str(tmp_path), "finished")
+    _search(str(tmp_path), "half", crash_at=5)
+    _search(str(tmp_path), "lost")
+    os.remove(tmp_path / "lost.json")
+    (tmp_path / "broken.search.json").write_text("{")
+    rows = {r["id"]: r for r in Jobs().listing([str(tmp_path), str(tmp_path / "missing")])}
+    assert sorted(rows) == ["finished", "half", "lost"]  # an unreadable state is not a row
+    fin = rows["finished"]
+    assert fin["status"] == "done" and fin["evaluations"] == fin["budget"] == CFG["budget"]
+    assert fin["best_loss"] == json.loads((tmp_path / "finished.json").read_text())["metrics"]["loss"] == \
+        done.metrics["loss"]
+    assert fin["message"] == "done: finished.json saved" and fin["state_file"] == "finished.search.json"
+    half = rows["half"]
+    hist = json.loads((tmp_path / "half.search.json").read_text())["history"]
+    assert half["status"] == "paused" and half["evaluations"] == len(hist) and 0 < len(hist) < CFG["budget"]
+    assert half["best_loss"] == min(h["loss"] for h in hist) and "queue GCache Search again" in half["message"]
+    lost = rows["lost"]  # finished, but its policy file is gone: says so, and what to do
+    assert lost["status"] == "done" and "lost.json is missing" in lost["message"]
+    assert "queue GCache Search again" in lost["message"]
+    assert not any(str(tmp_path) in json.dumps(r) for r in rows.values())
+
+
+def test_a_policy_file_of_another_search_is_not_taken_for_the_finished_one(tmp_path):
+    _search(str(tmp_path), "a")
+    other = json.loads((tmp_path / "a.json").read_text())
+    other["provenance"]["state"] = "0123456789abcdef"  # GCache Policy or another search wrote a.json since
+    (tmp_path / "a.json").write_text(json.dumps(other))
+    row = Jobs().listing([str(tmp_path)])[0]
+    assert row["status"] == "done" and "a.json is missing or from another search" in row["message"]
+
+
+def test_an_unreadable_state_file_is_named_by_its_file_name(tmp_path):
+    path = tmp_path / "x.search.json"
+    path.mkdir()  # exists, but can't be read as a file
+    with pytest.raises(GCacheError) as e:
+        load_state(str(path))
+    assert "x.search.json" in str(e.value) and str(tmp_path) not in str(e.value)
