@@ -8,7 +8,6 @@ actors (search/ray_executor.py). The reference model runs headless, or ComfyUI s
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -17,9 +16,14 @@ from typing import Optional, Sequence
 
 from ..core import forecasters
 from ..core.errors import GCacheError
-from ..search.cli import parse_seeds, set_threads
-from ..search.objectives import OBJECTIVES
-from ..search.ray_executor import RayExecutor, message, require_ray
+from ..core.policy import check_budget
+from ..search.cli import (ArgumentParser, Problems, check_at_least, check_out_folder, check_steps, command_name,
+                          make_out_folder, parse_seeds, run_command, set_threads)
+from ..search.objectives import OBJECTIVES, ensure_backbone
+from ..search.ray_executor import RayExecutor, require_ray
+from ..search.requirements import require, search_modules
+
+PROG = command_name(__spec__.name)
 
 
 class ReferenceWorker:
@@ -42,7 +46,7 @@ class ReferenceWorker:
 
 
 def main(argv: Optional[list] = None) -> int:
-    ap = argparse.ArgumentParser(description="GCache search on a Ray cluster (reference model).")
+    ap = ArgumentParser(prog=PROG, description="GCache search on a Ray cluster (reference model).")
     ap.add_argument("--workers", type=int, default=2, help="Ray actors, one model each (one CPU each)")
     ap.add_argument("--q", type=int, default=None, help="evaluations in flight (default: workers)")
     ap.add_argument("--address", default=None, help="an existing Ray cluster ('auto' or host:port); default: local")
@@ -66,43 +70,87 @@ def main(argv: Optional[list] = None) -> int:
     a = ap.parse_args(argv)
     if a.comfyui and not (a.workflow and a.profile):
         ap.error("--comfyui needs --workflow (API format) and --profile")
+    # bad input, a state file of another search, a failed evaluation: one line that says what to do
+    return run_command(PROG, lambda: _run(a))
+
+
+def _read_workflow(path: str) -> dict:
     try:
-        return _run(a)
-    except GCacheError as e:  # bad input, a state file of another search, a failed evaluation: it says what to do
-        print(f"GCache cluster search: {message(e)}", file=sys.stderr)
-        return 2
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise GCacheError(f"Can't read the workflow {path} ({e}): export it from ComfyUI with 'Save (API)'.") from None
+
+
+def _read_profile(path: str):
+    from ..core.profile import Profile
+    try:
+        return Profile.load(path)
+    except OSError as e:
+        raise GCacheError(f"Can't read the profile {path} ({e}).") from None
+
+
+def check_arguments(a):
+    """Every argument (the ComfyUI mode's workflow and profile files included), then what the run needs installed,
+    before Ray starts anything: a GCacheError names each problem. Sets a.steps and a.workers in the ComfyUI mode
+    (the profile's steps, one worker per server); returns (search config, seeds, urls, workflow, profile,
+    provenance)."""
+    from ..search.bilevel import SearchConfig
+    from ..search.comfyui_worker import ComfyUIWorker
+    problems = Problems()
+    seeds = problems.check(parse_seeds, a.search_seeds, "--search-seeds")
+    provenance: dict = {"seeds": seeds}
+    urls = [u.strip() for u in (a.comfyui or "").split(",") if u.strip()]
+    a.forecast = forecasters.canonical(int(a.forecast) if a.forecast.isdigit() else a.forecast)
+    workflow = profile = None
+    if a.comfyui:
+        problems.require(bool(urls), f"--comfyui {a.comfyui!r} names no server: give their URLs, comma-separated.")
+        workflow = problems.check(_read_workflow, a.workflow)
+        if workflow is not None:
+            # the state file belongs to this workflow: another one (model, prompt, size, sampler) is another search
+            provenance["workflow_sha256"] = problems.check(ComfyUIWorker.workflow_identity, workflow)
+        profile = problems.check(_read_profile, a.profile)
+        a.workers = len(urls)  # one actor per server
+        if profile is not None:
+            a.steps = profile.n_steps
+            problems.check(check_budget, a.k, a.steps)
+        problems.require(a.forecast != "fitted",
+                         "The ComfyUI workers apply reuse, linear or quadratic forecasts; the profile-fitted one needs "
+                         "the profile in every worker: use --forecast linear here, or GCache Search in ComfyUI.")
+    else:
+        check_at_least(problems, "--workers", a.workers, 1, "the number of workers")
+        if check_steps(problems, a.steps):
+            problems.check(check_budget, a.k, a.steps)
+    if a.q is not None:
+        check_at_least(problems, "--q", a.q, 1, "the number of evaluations in flight")
+    problems.require(a.start_timeout > 0, f"--start-timeout {a.start_timeout}: give the workers some seconds to start.")
+    check_at_least(problems, "--seed", a.seed, 0, "the search seed")
+    config = SearchConfig(k=a.k, degree=a.degree, budget=a.budget, seed=a.seed, objective=a.objective,
+                          forecast=a.forecast)
+    problems.check(config.validate_settings)
+    problems.check(check_out_folder, a.out)
+    problems.raise_any()
+
+    needs = Problems()
+    needs.check(require_ray)
+    if a.address:  # the coordinator runs the GP; the workers check their own machines when they start
+        needs.check(require, "sklearn", what="The cluster search", in_comfyui=False)
+    else:  # a local cluster: its workers evaluate the objective here
+        before = len(needs.messages)
+        needs.check(require, *search_modules(a.objective), what=f"The cluster search with objective {a.objective!r}",
+                    in_comfyui=False)
+        if a.objective == "lpips_ssim" and len(needs.messages) == before:  # lpips imports: is its backbone here?
+            needs.check(ensure_backbone)
+    needs.raise_any()
+    return config, seeds, urls, workflow, profile, provenance
 
 
 def _run(a) -> int:
-    from ..core.profile import Profile
-    from ..search.bilevel import SearchConfig
     from ..search.comfyui_worker import ComfyUIWorker
     from ..search.parallel import run_search_parallel
     from .harness import ReferenceHarness
-    seeds = parse_seeds(a.search_seeds)
-    provenance: dict = {"seeds": seeds}
-    urls = [u.strip() for u in (a.comfyui or "").split(",") if u.strip()]
-    if a.comfyui:  # everything checkable is checked before Ray starts anything
-        try:
-            with open(a.workflow, encoding="utf-8") as f:
-                workflow = json.load(f)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise GCacheError(f"Can't read the workflow {a.workflow} ({e}): export it from ComfyUI with 'Save (API)'.") \
-                from None
-        # the state file belongs to this workflow: another one (model, prompt, size, sampler) is another search
-        provenance["workflow_sha256"] = ComfyUIWorker.workflow_identity(workflow)
-        try:
-            profile = Profile.load(a.profile)
-        except OSError as e:
-            raise GCacheError(f"Can't read the profile {a.profile} ({e}).") from None
-        a.steps, a.workers = profile.n_steps, len(urls)  # one actor per server
-    a.forecast = forecasters.canonical(int(a.forecast) if a.forecast.isdigit() else a.forecast)
-    if a.comfyui and a.forecast == "fitted":
-        raise GCacheError("The ComfyUI workers apply reuse, linear or quadratic forecasts; the profile-fitted one "
-                          "needs the profile in every worker: use --forecast linear here, or GCache Search in ComfyUI.")
-    config = SearchConfig(k=a.k, degree=a.degree, budget=a.budget, seed=a.seed, objective=a.objective,
-                          forecast=a.forecast)
-    config.validate(a.steps)
+    config, seeds, urls, workflow, profile, provenance = check_arguments(a)
+    make_out_folder(a.out)
     ray = require_ray()
     # a local Ray gets a CPU per worker (+ one): an actor without one would never be placed
     ray.init(address=a.address, num_cpus=None if a.address else a.workers + 1, include_dashboard=False,
@@ -115,7 +163,6 @@ def _run(a) -> int:
                                profile if a.forecast == "fitted" else None)
     try:
         ex.pids(timeout_s=a.start_timeout)
-        os.makedirs(a.out, exist_ok=True)
         state = os.path.join(a.out, f"search_state_N{a.steps}_K{a.k}.json")
         t0 = time.time()
         res = run_search_parallel(profile, config, ex, q=a.q or a.workers, state_path=state, provenance=provenance)

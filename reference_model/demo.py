@@ -11,14 +11,20 @@ Writes profile.safetensors, policy.json and grid.png (top row full compute, bott
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
+import sys
 import time
 
 import numpy as np
 import torch
 
+from ..core.policy import check_budget
+from ..search.cli import (ArgumentParser, Problems, check_at_least, check_out_folder, check_steps, command_name,
+                          make_out_folder, run_command)
 from ..search.dp import dp_mask
+from ..search.requirements import require
 from .harness import ReferenceHarness
 
 
@@ -61,8 +67,12 @@ def interleaved_medians(fns, repeats: int) -> list[float]:
     return [statistics.median(t) for t in times]
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+PROG = command_name(__spec__.name)
+EVAL_SEED0 = 1000  # the held-out seeds are 1000, 1001, …: never the profile seeds 0, 1, …
+
+
+def main(argv=None) -> int:
+    ap = ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--k", type=int, default=12, help="computed steps (budget)")
     ap.add_argument("--profile-seeds", type=int, default=8)
@@ -72,18 +82,41 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="demo_out")
     a = ap.parse_args(argv)
+    return run_command(PROG, lambda: _run(a))
+
+
+def check_arguments(a) -> None:
+    """Every argument, before the model loads: one GCacheError that names each problem."""
+    problems = Problems()
+    if check_steps(problems, a.steps):
+        problems.check(check_budget, a.k, a.steps)
+    problems.require(1 <= a.profile_seeds <= EVAL_SEED0,
+                     f"--profile-seeds {a.profile_seeds}: profile on 1 to {EVAL_SEED0} seeds (the held-out seeds "
+                     f"start at {EVAL_SEED0}).")
+    check_at_least(problems, "--eval-seeds", a.eval_seeds, 1, "the number of held-out seeds")
+    check_at_least(problems, "--repeats", a.repeats, 1, "the number of timed repeats")
+    check_at_least(problems, "--threads", a.threads, 1, "the number of threads")
+    problems.require(math.isfinite(a.cfg), f"--cfg {a.cfg}: the guidance scale must be a finite number (3 is usual).")
+    problems.check(check_out_folder, a.out)
+    problems.raise_any()
+    # what the figures need (SSIM, the grid's PNG), before the minutes of sampling that precede them
+    require("skimage", "PIL", what="The demo", in_comfyui=False)
+
+
+def _run(a) -> int:
+    check_arguments(a)
+    make_out_folder(a.out)
     torch.set_num_threads(a.threads)
     harness = ReferenceHarness(n_steps=a.steps, cfg_scale=a.cfg)
 
     profile_seeds = list(range(a.profile_seeds))
-    eval_seeds = list(range(1000, 1000 + a.eval_seeds))  # never the profile seeds
+    eval_seeds = list(range(EVAL_SEED0, EVAL_SEED0 + a.eval_seeds))  # never the profile seeds
     t0 = time.perf_counter()
     profile = None
     for c in range(0, len(profile_seeds), 4):  # small batches: every (run, branch) is one sample of E
         run = harness.profile(profile_seeds[c:c + 4])
         profile = run if profile is None else profile.merge(run)
     t_profile = time.perf_counter() - t0
-    os.makedirs(a.out, exist_ok=True)
     profile.save(os.path.join(a.out, "profile.safetensors"))
 
     mask, bound = dp_mask(profile.E, np.zeros(a.steps), a.k)
@@ -111,7 +144,8 @@ def main(argv=None):
     print(f"engine    computed {stats.computed_steps}, skipped {stats.skipped_steps}, "
           f"block runs per branch {stats.block_runs}, cache peak {stats.peak_bytes / 1024:.1f} KiB")
     print(f"wrote     {a.out}/profile.safetensors, {a.out}/policy.json, {a.out}/grid.png")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -16,71 +16,95 @@ import os
 import sys
 import time
 
-from ..core.errors import GCacheError
-from ..search.cli import parse_seeds, set_threads
+from ..core.policy import check_budget
+from ..search.cli import (ArgumentParser, Problems, check_at_least, check_out_folder, check_steps, command_name,
+                          make_out_folder, parse_seeds, run_command, set_threads)
+from ..search.objectives import OBJECTIVES
+from ..search.requirements import require, search_modules
+
+PROG = command_name(__spec__.name)
 
 
 def main(argv=None, harness=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=30, help="sampler steps N")
     ap.add_argument("--k", type=int, default=None, help="computed steps K (default N/2)")
     ap.add_argument("--budget", type=int, default=64, help="search iterations incl. the 2^(d+1) start grid")
     ap.add_argument("--degree", type=int, default=3)
-    ap.add_argument("--objective", default="lpips_ssim", help="lpips_ssim (paper), ssim or psnr")
+    ap.add_argument("--objective", default="lpips_ssim", choices=OBJECTIVES, help="lpips_ssim (paper), ssim or psnr")
     ap.add_argument("--seed", type=int, default=0, help="search seed (GP candidates)")
     ap.add_argument("--search-seeds", default="1000-1015", help="sampling seeds used by the search and the profile")
     ap.add_argument("--eval-seeds", default="0-15", help="held-out sampling seeds for the report")
     ap.add_argument("--out", default="gcache_search_out")
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args(argv)
-    try:
-        set_threads(a.threads)
-        from ..search.bilevel import SearchConfig, run_search
-        from ..search.objectives import make_objective, psnr, ssim
-        from ..search.plots import plot_search
-        from .harness import ReferenceHarness
-        search_seeds, eval_seeds = parse_seeds(a.search_seeds), parse_seeds(a.eval_seeds)
-        if set(search_seeds) & set(eval_seeds):
-            raise GCacheError("Search seeds and evaluation seeds overlap: held-out numbers need other seeds.")
-        k = a.k if a.k is not None else a.steps // 2
-        objective = make_objective(a.objective)
-        h = harness or ReferenceHarness(a.steps)
-        t0 = time.time()
-        profile = h.profile(search_seeds)
-        config = SearchConfig(k=k, degree=a.degree, budget=a.budget, seed=a.seed, objective=a.objective)
-        config.validate(profile.n_steps)
-        tag = f"N{a.steps}_K{k}"
-        os.makedirs(a.out, exist_ok=True)
-        state_path = os.path.join(a.out, f"search_state_{tag}.json")
+    return run_command(PROG, lambda: _run(a, harness))
 
-        def progress(e):
-            if e.get("kind") == "final" or e["iteration"] % 10 == 0:
-                print(f"  iter {e['iteration']:4d}/{e['budget']}  {e.get('kind'):5s} loss {e['loss']:.5f}  "
-                      f"best {e['best_loss']:.5f}  masks {e['evaluations']}", flush=True)
 
-        res = run_search(profile, config, h.evaluator(search_seeds, objective), state_path=state_path,
-                         progress=progress, provenance={"seeds": search_seeds, **h.meta})
-        ref = h.full(eval_seeds)
-        img, _ = h.run(eval_seeds, res.policy.mask)
-        pol = res.policy
-        pol.provenance["eval_seeds"] = eval_seeds
-        pol.metrics.update({"eval_psnr": psnr(img, ref), "eval_ssim": ssim(img, ref),
-                            "predicted_speedup": pol.predicted_speedup(h.measured_io_share())})
-        pol_path = os.path.join(a.out, f"policy_{tag}.json")
-        pol.save(pol_path)
-        png = os.path.join(a.out, f"search_{tag}.png")
-        plot_search(res).save(png)
-        print(f"GCache search N={a.steps} K={k} objective={objective.name}: {res.evaluations} evaluations "
-              f"({len(res.history)} iterations) in {time.time() - t0:.0f}s")
-        s = "instant mask" if res.s_best is None else f"s={[round(v, 3) for v in res.s_best]}"
-        print(f"  mask {pol.describe()}  {s} (won by {pol.provenance['won']})")
-        print(f"  search loss {pol.metrics['loss']:.5f}; held-out PSNR {pol.metrics['eval_psnr']:.2f} dB, "
-              f"SSIM {pol.metrics['eval_ssim']:.4f}; predicted speed-up {pol.metrics['predicted_speedup']:.2f}x")
-        print(f"  wrote {pol_path}, {state_path}, {png}")
-        return 0
-    except GCacheError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+def check_arguments(a):
+    """Every argument, then what the objective needs (packages, LPIPS' backbone: downloaded on first use), before
+    the model loads. Returns (search config, search seeds, held-out seeds, objective)."""
+    from ..search.bilevel import SearchConfig
+    from ..search.objectives import make_objective
+    problems = Problems()
+    k = a.k if a.k is not None else a.steps // 2
+    config = SearchConfig(k=k, degree=a.degree, budget=a.budget, seed=a.seed, objective=a.objective)
+    if check_steps(problems, a.steps):
+        problems.check(check_budget, k, a.steps)
+    problems.check(config.validate_settings)
+    check_at_least(problems, "--seed", a.seed, 0, "the search seed")
+    check_at_least(problems, "--threads", a.threads, 1, "the number of threads")
+    search_seeds = problems.check(parse_seeds, a.search_seeds, "--search-seeds")
+    eval_seeds = problems.check(parse_seeds, a.eval_seeds, "--eval-seeds")
+    shared = sorted(set(search_seeds or ()) & set(eval_seeds or ()))
+    problems.require(not shared, f"--search-seeds and --eval-seeds overlap (seeds {', '.join(map(str, shared[:5]))}"
+                                 f"{', …' if len(shared) > 5 else ''}): held-out numbers need other seeds.")
+    problems.check(check_out_folder, a.out)
+    problems.raise_any()
+    require(*search_modules(a.objective), "PIL", what=f"The search with objective {a.objective!r}", in_comfyui=False)
+    return config, search_seeds, eval_seeds, make_objective(a.objective)
+
+
+def _run(a, harness=None) -> int:
+    config, search_seeds, eval_seeds, objective = check_arguments(a)
+    make_out_folder(a.out)
+    set_threads(a.threads)
+    from ..search.bilevel import run_search
+    from ..search.objectives import psnr, ssim
+    from ..search.plots import plot_search
+    from .harness import ReferenceHarness
+    k = config.k
+    h = harness or ReferenceHarness(a.steps)
+    t0 = time.time()
+    profile = h.profile(search_seeds)
+    tag = f"N{a.steps}_K{k}"
+    state_path = os.path.join(a.out, f"search_state_{tag}.json")
+
+    def progress(e):
+        if e.get("kind") == "final" or e["iteration"] % 10 == 0:
+            print(f"  iter {e['iteration']:4d}/{e['budget']}  {e.get('kind'):5s} loss {e['loss']:.5f}  "
+                  f"best {e['best_loss']:.5f}  masks {e['evaluations']}", flush=True)
+
+    res = run_search(profile, config, h.evaluator(search_seeds, objective), state_path=state_path,
+                     progress=progress, provenance={"seeds": search_seeds, **h.meta})
+    ref = h.full(eval_seeds)
+    img, _ = h.run(eval_seeds, res.policy.mask)
+    pol = res.policy
+    pol.provenance["eval_seeds"] = eval_seeds
+    pol.metrics.update({"eval_psnr": psnr(img, ref), "eval_ssim": ssim(img, ref),
+                        "predicted_speedup": pol.predicted_speedup(h.measured_io_share())})
+    pol_path = os.path.join(a.out, f"policy_{tag}.json")
+    pol.save(pol_path)
+    png = os.path.join(a.out, f"search_{tag}.png")
+    plot_search(res).save(png)
+    print(f"GCache search N={a.steps} K={k} objective={objective.name}: {res.evaluations} evaluations "
+          f"({len(res.history)} iterations) in {time.time() - t0:.0f}s")
+    s = "instant mask" if res.s_best is None else f"s={[round(v, 3) for v in res.s_best]}"
+    print(f"  mask {pol.describe()}  {s} (won by {pol.provenance['won']})")
+    print(f"  search loss {pol.metrics['loss']:.5f}; held-out PSNR {pol.metrics['eval_psnr']:.2f} dB, "
+          f"SSIM {pol.metrics['eval_ssim']:.4f}; predicted speed-up {pol.metrics['predicted_speedup']:.2f}x")
+    print(f"  wrote {pol_path}, {state_path}, {png}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -107,6 +107,11 @@ class SearchConfig:
     def validate(self, n_steps: int, n_extra_masks: int = 0) -> None:
         """Raises on a config that can't search N = n_steps; `n_extra_masks`: the caller's extra start masks."""
         check_budget(self.k, n_steps)
+        self.validate_settings(n_extra_masks)
+
+    def validate_settings(self, n_extra_masks: int = 0) -> None:
+        """What `validate` checks besides K against N (degree, budget, search box, objective): a command checks
+        these even where K is wrong, and names every problem at once."""
         if not isinstance(self.degree, int) or not 1 <= self.degree <= SEARCH_MAX_DEGREE:
             raise GCacheError(f"degree must be a whole number in 1..{SEARCH_MAX_DEGREE} (the paper uses 3), got {self.degree!r}.")
         starts, grid = len(instant_methods(self.forecast)) + n_extra_masks, 2 ** (self.degree + 1)

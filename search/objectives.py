@@ -101,6 +101,23 @@ def _sha256(path: str) -> str:
     return h.hexdigest()
 
 
+def ensure_backbone(backbone_path: Optional[str] = None, verify: bool = True, download: bool = True) -> str:
+    """The AlexNet backbone's path, once the file is there (downloaded on first use unless `download` is False) and
+    its sha256 checked; else LPIPSUnavailable. A command checks this before its work starts, without building LPIPS."""
+    path = backbone_path or alexnet_path()
+    if not os.path.isfile(path):
+        if not download:
+            raise LPIPSUnavailable(_missing_message(path, f"{path} does not exist"))
+        try:
+            backbone_download.download_checked(backbone_download.ALEXNET_URL, path, ALEXNET_SHA256_PREFIX)
+        except backbone_download.DownloadFailed as e:
+            raise LPIPSUnavailable(_missing_message(path, str(e))) from None
+    if verify and not _sha256(path).startswith(ALEXNET_SHA256_PREFIX):
+        raise LPIPSUnavailable(_missing_message(
+            path, f"{path} is not that file (its sha256 does not start with {ALEXNET_SHA256_PREFIX}); replace it"))
+    return path
+
+
 def load_lpips(device=None, backbone_path: Optional[str] = None, verify: bool = True,
                random_backbone_for_tests: bool = False, download: bool = True) -> torch.nn.Module:
     """lpips.LPIPS(net='alex') built without lpips' download path; the backbone comes from `backbone_path`
@@ -114,16 +131,7 @@ def load_lpips(device=None, backbone_path: Optional[str] = None, verify: bool = 
     if key in _LPIPS_NETS:
         return _LPIPS_NETS[key]
     if not random_backbone_for_tests:
-        if not os.path.isfile(path):
-            if not download:
-                raise LPIPSUnavailable(_missing_message(path, f"{path} does not exist"))
-            try:
-                backbone_download.download_checked(backbone_download.ALEXNET_URL, path, ALEXNET_SHA256_PREFIX)
-            except backbone_download.DownloadFailed as e:
-                raise LPIPSUnavailable(_missing_message(path, str(e))) from None
-        if verify and not _sha256(path).startswith(ALEXNET_SHA256_PREFIX):
-            raise LPIPSUnavailable(_missing_message(
-                path, f"{path} is not that file (its sha256 does not start with {ALEXNET_SHA256_PREFIX}); replace it"))
+        ensure_backbone(path, verify=verify, download=download)
     # pnet_rand=True builds torchvision's AlexNet without weights (no download). The lin layers are the wheel's
     # weights/v0.1/alex.pth, loaded here rather than by lpips (whose torch.load relies on torch's default) so that
     # every .pth we read goes through weights_only=True: tensors only, no code runs.

@@ -8,6 +8,7 @@ runs a search this way lives with the reference model it runs by default (its cl
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, Optional
 
 from ..core.errors import GCacheError
@@ -16,10 +17,12 @@ RESTARTS = 3  # a worker process that dies is restarted this often, and its eval
 
 
 def require_ray():
+    """The ray module, or a GCacheError that says how to install it (a command checks this before its work)."""
     try:
         import ray
-    except ImportError:
-        raise SystemExit("The cluster search needs Ray: pip install 'gcache[cluster]' (or pip install ray).") from None
+    except ImportError as e:
+        raise GCacheError(f"The cluster search needs Ray, which does not import in this Python ({sys.executable}: "
+                          f"{e}). Install it with: pip install 'gcache[cluster]' (or pip install ray==2.60.0).") from None
     return ray
 
 

@@ -43,9 +43,11 @@ def _and(names: list[str]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
-def require(*modules: str, what: str = "GCache Search") -> None:
+def require(*modules: str, what: str = "GCache Search", in_comfyui: bool = True) -> None:
     """Import each module; if any fails, raise one GCacheError naming every package that failed and the command
-    that installs them. Returns None when all import (they are then in sys.modules: later imports are free)."""
+    that installs them. Returns None when all import (they are then in sys.modules: later imports are free).
+    in_comfyui=False (the command-line tools): the message speaks of this Python, not ComfyUI's, and its one line
+    installs the packages by name (an installed wheel has no requirements.txt)."""
     missing, broken = [], []  # pip names not installed; (pip name, module, why) installed but failing
     if not all(m in sys.modules for m in modules):
         importlib.invalidate_caches()  # a package pip-installed while ComfyUI runs is then found
@@ -61,6 +63,15 @@ def require(*modules: str, what: str = "GCache Search") -> None:
                 broken.append((pip_name, mod, (str(e).splitlines() or [type(e).__name__])[0]))
     if not missing and not broken:
         return
+    if not in_comfyui:
+        names = missing + [pip_name for pip_name, _, _ in broken]
+        problems = ([f"{_and(missing)} {'is' if len(missing) == 1 else 'are'} not installed in this Python "
+                     f"({sys.executable})"] if missing else []) + \
+            [f"{pip_name} is installed but does not import (`import {mod}`: {why})" for pip_name, mod, why in broken]
+        q = (lambda s: f'"{s}"' if " " in s else s)
+        raise GCacheError(f"{what} needs {_and(names)}: {'; '.join(problems)}. Install "
+                          f"{'it' if len(names) == 1 else 'them'} with: {q(sys.executable or 'python')} -m pip "
+                          f"install {' '.join(names)}")
     lines = []
     if missing:
         lines.append(f"{what} needs {_and(missing)}, which {'is' if len(missing) == 1 else 'are'} not installed in "
