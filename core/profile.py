@@ -164,7 +164,8 @@ class Profile:
             if a is not None and b is not None:
                 extra[name] = a + b
             elif self.count == 0 or other.count == 0:
-                extra[name] = a if other.count == 0 else b
+                kept = a if other.count == 0 else b
+                extra[name] = None if kept is None else kept.copy()  # never an array of another profile
         if (self.e1_sum is None) != (other.e1_sum is None) and self.count and other.count:
             log.warning("GCache Profile: one of the merged profiles has no forecast errors (E1); the result keeps "
                         "none. Profile every run with forecast recording on to keep them.")
@@ -301,34 +302,43 @@ class _BranchHistory:
 
     def add(self, step: int, h: torch.Tensor, delta: torch.Tensor) -> None:
         d = delta.reshape(-1)[::self.stride]
+        # Every difference is formed in float32: a bfloat16/float16 difference would round each element (8/11
+        # significant bits) before the mean. `df` is δ itself when δ is float32 (the caller's tensor: read
+        # only); every in-place operation below is on a temporary this method made.
+        df = d.float()
         self.norms[step] = d.abs().mean(dtype=torch.float32)
         # Earlier rows in contiguous spans, read as slices: an offloaded (pinned) history is filled by
         # asynchronous device-to-host copies, and only a copy queued on the same stream (a slice's .to()) is
         # ordered after them; indexing rows on the host (hist[[0, 2]]) would read them before they land.
         for lo, hi in _spans([i for i in range(step) if self.recorded[i]], self.rows_per_chunk):
-            diff = self.hist[lo:hi].to(self.device, non_blocking=True) - d
-            if self.sq is not None:
-                sq = _fold_means(diff.float().square_())
-                self.sq[step, lo:hi] = sq
-                self.sq[lo:hi, step] = sq
-            vals = diff.abs_().mean(dim=1, dtype=torch.float32).double()
+            diff = self._rows_minus(lo, hi, df)
+            vals = diff.abs_().mean(dim=1).double()
             self.rows[step, lo:hi] = vals
             self.rows[lo:hi, step] = vals
+            if self.sq is not None:
+                sq = _fold_means(diff.square_())  # |x|² = x²: the absolute values serve
+                self.sq[step, lo:hi] = sq
+                self.sq[lo:hi, step] = sq
         if self.e1 is not None:
-            self._forecast_errors(step, d)
+            self._forecast_errors(step, df)
         self.hist[step].copy_(d, non_blocking=True)
         hf = h.reshape(-1)[::self.stride]
         if self.prev_h is not None:
-            self.rel_h[step] = (hf - self.prev_h).abs().mean(dtype=torch.float32) / \
-                self.prev_h.abs().mean(dtype=torch.float32).clamp_min(1e-12)
+            dh = hf.to(torch.float32, copy=True).sub_(self.prev_h)  # our own copy, float32 like δ's differences
+            self.rel_h[step] = dh.abs_().mean() / self.prev_h.abs().mean(dtype=torch.float32).clamp_min(1e-12)
             self.prev_h.copy_(hf)
         else:
             self.prev_h = hf.clone()
         self.recorded[step] = True
 
-    def _forecast_errors(self, j: int, d: torch.Tensor) -> None:
+    def _rows_minus(self, lo: int, hi: int, df: torch.Tensor) -> torch.Tensor:
+        """hist[lo:hi] − δ in float32, in a new tensor (a lower-precision history converts exactly)."""
+        return self.hist[lo:hi].to(self.device, non_blocking=True) - df
+
+    def _forecast_errors(self, j: int, dj: torch.Tensor) -> None:
         """E1[p, i, j] for recorded p < i < j: |δ_j − (δ_i + c·(δ_i − δ_p))|, c = (t_j − t_i)/(t_i − t_p), as
-        means. Rows p come in slices (stream-ordered, as in add); one temporary of at most chunk rows."""
+        means. Rows p come in slices (stream-ordered, as in add); one temporary of at most chunk rows.
+        dj: δ_j in float32 (possibly the caller's tensor: never written)."""
         done = [i for i in range(j) if self.recorded[i]]
         if len(done) < 2:
             return
@@ -336,7 +346,6 @@ class _BranchHistory:
         with np.errstate(divide="ignore", invalid="ignore"):  # p ≥ i entries are never read
             c_all = torch.from_numpy(np.nan_to_num((t[j] - t)[None, :] / (t[None, :] - t[:, None]))).to(
                 self.device, torch.float32, non_blocking=True)   # c_all[p, i], one transfer per step
-        dj = d.float()
         for n, i in enumerate(done[1:], 1):
             di = self.hist[i].to(self.device, torch.float32, non_blocking=True, copy=True)
             step_ij = dj - di

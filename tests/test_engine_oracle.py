@@ -7,6 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gcache.core.engine import ResidualCache
+from gcache.core.profile import ProfileRecorder
 
 CI = settings(deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
 FORECASTERS = ["reuse", "linear", "quadratic", "fitted"]
@@ -65,7 +66,8 @@ def runs(draw):
     return dict(mask=mask, times=times, name=name, params=params,
                 dtype=draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float16])),
                 n_branches=draw(st.integers(1, 2)), cache_device=draw(st.sampled_from([None, "cpu"])),
-                in_place=draw(st.booleans()), seed=draw(st.integers(0, 2**31 - 1)))
+                in_place=draw(st.booleans()), seed=draw(st.integers(0, 2**31 - 1)),
+                recorder=draw(st.booleans()))
 
 
 @CI
@@ -78,8 +80,10 @@ def test_skipped_steps_add_the_forecasters_formula(run):
     eps = float(torch.finfo(dtype).eps)
     deltas = [{} for _ in branches]  # per branch: step -> δ (float64), from the block stack's own output
     computed = []
-    with ResidualCache(mask, cache_device=run["cache_device"], forecast=name, times=t,
-                       forecast_params=params) as cache:
+    # with a recorder too (the reference harness's path): δ is then a new tensor, not the snapshot of h
+    rec = ProfileRecorder(t) if run["recorder"] else None
+    with ResidualCache(mask, cache_device=run["cache_device"], forecast=name, times=t, forecast_params=params,
+                       recorder=rec) as cache:
         for j, m in enumerate(mask):
             h = (torch.randn(nb, 4, 3, generator=g) * 2).to(dtype)
             scale, shift = (torch.randn(nb, 4, 3, generator=g).to(dtype) for _ in range(2))
