@@ -6,8 +6,10 @@ Memory model of the recorder (per branch of a run, measured by bench/engine.py a
   beyond that every s-th element is kept (s = ⌈numel / max_elems⌉, coprime with the channel count), and E,
   still a mean, is estimated on that sample,
 - one copy of the previous block input h (for the rel-L1 change of h),
-- a temporary of at most `chunk_elems` elements while a row of E is computed (plus flattened copies of h and δ
-  when the model hands over non-contiguous token views, e.g. Wan's transposed patch embedding).
+- a float32 temporary of at most `chunk_elems` elements while a row of E is computed (differences are formed in
+  float32 whatever δ's dtype: for a bfloat16/float16 δ that is twice the bytes of a difference in its own dtype,
+  which rounded every element), plus a float32 copy of δ and of h when they are not float32 (and flattened
+  copies when the model hands over non-contiguous token views, e.g. Wan's transposed patch embedding).
 E is built row by row as each step arrives (O(N²·numel) work spread over the run), so nothing is
 recomputed at the end. With `forecast=True` the recorder also builds E1[p, i, j] (the error of the linear
 forecast of δ_j from computed steps p < i, for the order-1 DP) from the same history: O(N³·m) work over the run,
@@ -15,6 +17,10 @@ plus E1 itself (N³ float64 on δ's device: 216 KB at N = 30, 1 MB at N = 50) an
 chunk rows + 2 rows of m elements while a step's E1 entries are computed. Values are means (not sums) so profiles at different resolutions can be merged.
 
 The artifact stores sums and a count (mergeable), saved as safetensors with JSON metadata.
+
+Format versions: 2 records how E was computed (`e_definition`, and meta "residual_dtype": the dtype of the recorded
+δ). Version-1 files still load; those with forecast statistics were made by a recorder that, on float32 residuals,
+stored the mean *squared* difference as E: `Profile.defect` says so, and nothing builds a mask from them.
 """
 from __future__ import annotations
 
@@ -39,7 +45,11 @@ from .fit_stats import FitStats
 log = logging.getLogger("gcache")
 
 PROFILE_FORMAT = "gcache.profile"
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
+READABLE_VERSIONS = ("1", "2")
+# How E was computed. 1: version-1 files (with forecast recording on, float32 residuals gave a squared E, and
+# bfloat16/float16 differences were rounded to their dtype); 2: mean |δ_i − δ_j| of float32 differences.
+E_DEFINITION = 2
 # Residual elements kept per step and branch (2^25 = 64 MiB in bf16). Flux at 1024² (12.6 M) is recorded
 # exactly; larger residuals (video: Wan 1.3B 81 frames 480p has 50 M, Wan 14B 720p ~384 M) are sampled.
 MAX_ELEMS = 1 << 25
@@ -63,6 +73,7 @@ class Profile:
     e1_sum: Optional[np.ndarray] = None  # [N, N, N] Σ mean |δ_j − linear forecast from p < i| (p < i < j), or None
     fit_sq_sum: Optional[np.ndarray] = None     # [N, N, 2] Σ mean (δ_i − δ_j)² per fold (fit_stats.py), or None
     fit_cross_sum: Optional[np.ndarray] = None  # [N, N, N, 2] Σ mean (δ_i − δ_p)(δ_j − δ_i) per fold, or None
+    e_definition: int = E_DEFINITION  # how E was computed (E_DEFINITION); 1 for version-1 files
 
     # ------------------------------------------------------------------ views
     @property
@@ -115,6 +126,24 @@ class Profile:
         return float(self.meta.get("io_share", 0.0))
 
     @property
+    def defect(self) -> Optional[str]:
+        """Why the profile can't be trusted, as a sentence for a person (None when it can): a version-1 profile
+        with forecast statistics may hold a squared E."""
+        forecast = self.e1_sum is not None or self.fit_sq_sum is not None or self.fit_cross_sum is not None
+        if self.e_definition < 2 and forecast and self.count > 0:
+            return ("This profile was recorded with forecast recording on by a GCache older than profile format 2: "
+                    "on a float32 model its E holds the mean squared instead of the mean absolute residual "
+                    "differences (a bug fixed since), so masks, instant policies and forecaster choices made from it "
+                    "may be wrong.")
+        return None
+
+    def require_clean(self, who: str) -> None:
+        """Raise, with what to do, when `who` is about to build on a profile with a defect."""
+        if self.defect:
+            raise GCacheError(f"{who} can't use this profile. {self.defect} Profile again (into a new profile name, "
+                              "or delete this file first); GCache Apply (auto) does that by itself.")
+
+    @property
     def sample_keys(self) -> list[str]:
         """Keys of the runs already in this profile (seed, conditioning, latent, schedule), so that a re-queued
         identical run is not counted twice."""
@@ -148,6 +177,10 @@ class Profile:
 
     def merge(self, other: "Profile") -> "Profile":
         self.check_compatible(other)
+        if self.count and other.count and bool(self.defect) != bool(other.defect):
+            raise GCacheError(f"Cannot merge a profile with a defect into one without (or back): "
+                              f"{self.defect or other.defect} Delete or rename the old profile file and profile "
+                              "again; the new runs then start a clean file.")
         meta = dict(self.meta)
         for k, v in other.meta.items():
             meta.setdefault(k, v)
@@ -155,6 +188,9 @@ class Profile:
         keys = self.sample_keys + [k for k in other.sample_keys if k not in self.sample_keys]
         if keys:
             meta["sample_keys"] = keys[-MAX_SAMPLE_KEYS:]
+        dtypes = {d for m in (self.meta, other.meta) for d in str(m.get("residual_dtype", "")).split(",") if d}
+        if dtypes:
+            meta["residual_dtype"] = ",".join(sorted(dtypes))
         ta, tb = self.meta.get("io_time"), other.meta.get("io_time")
         if isinstance(ta, dict) and isinstance(tb, dict):  # timed runs add up
             meta["io_time"] = {k: float(ta.get(k, 0.0)) + float(tb.get(k, 0.0)) for k in ("stack", "call")}
@@ -172,9 +208,11 @@ class Profile:
         elif self.has_fit_stats() != other.has_fit_stats() and self.count and other.count:
             log.warning("GCache Profile: one of the merged profiles has no forecast statistics (made before the "
                         "profile-fitted forecaster); the result keeps none. Profile again to fit forecasts.")
+        sampled = [p.e_definition for p in (self, other) if p.count] or [min(self.e_definition, other.e_definition)]
         return Profile(self.n_steps, self.e_sum + other.e_sum, self.count + other.count,
                        self.delta_norm_sum + other.delta_norm_sum, self.rel_delta_sum + other.rel_delta_sum,
-                       self.rel_h_sum + other.rel_h_sum, self.times.copy(), self.sigmas.copy(), meta, **extra)
+                       self.rel_h_sum + other.rel_h_sum, self.times.copy(), self.sigmas.copy(), meta, **extra,
+                       e_definition=min(sampled))
 
     # ------------------------------------------------------------------ file
     def to_bytes(self) -> bytes:
@@ -183,7 +221,8 @@ class Profile:
             if getattr(self, name) is not None:
                 tensors[name] = torch.from_numpy(np.ascontiguousarray(getattr(self, name), dtype=np.float64))
         meta = {"format": PROFILE_FORMAT, "version": str(PROFILE_VERSION), "n_steps": str(self.n_steps),
-                "count": str(self.count), "meta": json.dumps(self.meta, allow_nan=False)}
+                "count": str(self.count), "e_definition": str(self.e_definition),
+                "meta": json.dumps(self.meta, allow_nan=False)}
         return st_save(tensors, metadata=meta)
 
     def save(self, path: str) -> None:
@@ -199,12 +238,13 @@ class Profile:
                               "damaged. Delete it and profile again.") from None
         if meta.get("format") != PROFILE_FORMAT:
             raise GCacheError(f"{source} is not a GCache profile (metadata 'format' is {meta.get('format')!r}).")
-        if meta.get("version") != str(PROFILE_VERSION):
+        if meta.get("version") not in READABLE_VERSIONS:
             raise GCacheError(f"{source} has profile format version {meta.get('version')!r}; this GCache reads "
-                              f"{PROFILE_VERSION}. Update GCache or profile again.")
+                              f"{' and '.join(READABLE_VERSIONS)}. Update GCache or profile again.")
         try:
             n = int(meta["n_steps"])
             count = int(meta["count"])
+            e_def = 1 if meta["version"] == "1" else int(meta["e_definition"])
             extra = json.loads(meta.get("meta", "{}"))
             arrays = {k: tensors[k].double().numpy() for k in _TENSORS}
             opt = {k: tensors[k].double().numpy() if k in tensors else None for k in _OPTIONAL}
@@ -214,7 +254,7 @@ class Profile:
             and all(a is None or (a.shape == shape(n) and np.all(np.isfinite(a)))
                     for a, shape in zip(opt.values(), _OPTIONAL.values())) \
             and all(opt[k] is None or not np.any(opt[k] < 0) for k in ("e1_sum", "fit_sq_sum"))
-        if not shapes_ok or count < 0:
+        if not shapes_ok or count < 0 or not 1 <= e_def <= E_DEFINITION:
             raise GCacheError(f"{source} is inconsistent (its arrays do not match n_steps={n}); delete it and "
                               "profile again.")
         if not all(np.all(np.isfinite(a)) for a in arrays.values()):
@@ -229,7 +269,7 @@ class Profile:
             raise GCacheError(f"{source} is inconsistent (bad metadata, negative or non-zero-diagonal errors, or sums "
                               "without samples): it was edited or damaged. Delete it and profile again.")
         return cls(n, arrays["e_sum"], count, arrays["delta_norm_sum"], arrays["rel_delta_sum"],
-                   arrays["rel_h_sum"], arrays["times"], arrays["sigmas"], extra, **opt)
+                   arrays["rel_h_sum"], arrays["times"], arrays["sigmas"], extra, **opt, e_definition=e_def)
 
     @classmethod
     def load(cls, path: str) -> "Profile":
@@ -299,6 +339,7 @@ class _BranchHistory:
         self.prev_h: Optional[torch.Tensor] = None
         self.rows_per_chunk = max(1, chunk_elems // max(1, self.numel))
         self.shape = tuple(delta.shape)
+        self.dtype = delta.dtype
 
     def add(self, step: int, h: torch.Tensor, delta: torch.Tensor) -> None:
         d = delta.reshape(-1)[::self.stride]
@@ -393,10 +434,11 @@ class ProfileRecorder:
         if not 0 <= step < self.n_steps:
             raise GCacheError(f"Profile got step {step} but was set up for {self.n_steps} steps.")
         b = self.branches.get(branch)
-        if b is None or tuple(delta.shape) != b.shape:
+        if b is None or tuple(delta.shape) != b.shape or delta.dtype != b.dtype:
             if b is not None:
-                log.warning("GCache Profile: the residual shape of branch %r changed from %s to %s mid-run; "
-                            "restarting this branch's history.", branch, b.shape, tuple(delta.shape))
+                log.warning("GCache Profile: the residual of branch %r changed from %s %s to %s %s mid-run; "
+                            "restarting this branch's history.", branch, b.shape, b.dtype, tuple(delta.shape),
+                            delta.dtype)
             b = _BranchHistory(self.n_steps, delta, self.history_device, self.chunk_elems, self.max_elems,
                                self.times if self.forecast else None)
             with self._lock:  # ComfyUI's MultiGPU CFG split records the branches from one thread per device
@@ -411,6 +453,9 @@ class ProfileRecorder:
         """This run as a Profile (count = complete branches). Raises on NaN/Inf; frees the history."""
         prof = Profile.empty(self.times, self.sigmas, self.meta)
         prof.meta["runs"] = 1
+        dtypes = sorted({str(b.dtype).replace("torch.", "") for b in self.branches.values() if all(b.recorded)})
+        if dtypes:
+            prof.meta["residual_dtype"] = ",".join(dtypes)
         strides = {b.stride for b in self.branches.values()}
         if strides - {1}:
             prof.meta["sample_stride"] = max(strides)  # E was estimated on every stride-th residual element
