@@ -14,7 +14,9 @@ E is built row by row as each step arrives (O(N²·numel) work spread over the r
 recomputed at the end. With `forecast=True` the recorder also builds E1[p, i, j] (the error of the linear
 forecast of δ_j from computed steps p < i, for the order-1 DP) from the same history: O(N³·m) work over the run,
 plus E1 itself (N³ float64 on δ's device: 216 KB at N = 30, 1 MB at N = 50) and float32 temporaries of at most
-chunk rows + 2 rows of m elements while a step's E1 entries are computed. Values are means (not sums) so profiles at different resolutions can be merged.
+chunk rows + 2 rows of m elements while a step's E1 entries are computed; the fit statistics (fit_stats.py: squared
+differences, cross terms and the Gram statistics mean δ_i·δ_j, per fold) use the same temporaries (the Gram
+product's is freed before the difference is made), and their fold means add partial sums of m/32 elements. Values are means (not sums) so profiles at different resolutions can be merged.
 
 The artifact stores sums and a count (mergeable), saved as safetensors with JSON metadata.
 
@@ -56,7 +58,8 @@ MAX_ELEMS = 1 << 25
 MAX_SAMPLE_KEYS = 4096  # run keys remembered per profile for the duplicate check (16 hex digits each)
 _TENSORS = ("e_sum", "delta_norm_sum", "rel_delta_sum", "rel_h_sum", "times", "sigmas")
 # recorded with forecasting on (E1, fit statistics): name -> shape for N steps
-_OPTIONAL = {"e1_sum": lambda n: (n, n, n), "fit_sq_sum": lambda n: (n, n, 2), "fit_cross_sum": lambda n: (n, n, n, 2)}
+_OPTIONAL = {"e1_sum": lambda n: (n, n, n), "fit_sq_sum": lambda n: (n, n, 2), "fit_cross_sum": lambda n: (n, n, n, 2),
+             "gram_sum": lambda n: (n, n, 2)}
 
 
 @dataclass
@@ -73,6 +76,7 @@ class Profile:
     e1_sum: Optional[np.ndarray] = None  # [N, N, N] Σ mean |δ_j − linear forecast from p < i| (p < i < j), or None
     fit_sq_sum: Optional[np.ndarray] = None     # [N, N, 2] Σ mean (δ_i − δ_j)² per fold (fit_stats.py), or None
     fit_cross_sum: Optional[np.ndarray] = None  # [N, N, N, 2] Σ mean (δ_i − δ_p)(δ_j − δ_i) per fold, or None
+    gram_sum: Optional[np.ndarray] = None       # [N, N, 2] Σ mean δ_i·δ_j per fold, or None (older profiles)
     e_definition: int = E_DEFINITION  # how E was computed (E_DEFINITION); 1 for version-1 files
 
     # ------------------------------------------------------------------ views
@@ -114,7 +118,8 @@ class Profile:
         if not self.has_fit_stats():
             raise GCacheError("This profile has no forecast statistics: profile again with forecast recording on "
                               "(GCache Profile's 'record_forecast', GCache Apply (auto) records them itself).")
-        return FitStats(self.fit_sq_sum / self.count, self.fit_cross_sum / self.count)
+        return FitStats(self.fit_sq_sum / self.count, self.fit_cross_sum / self.count,
+                        None if self.gram_sum is None else self.gram_sum / self.count)
 
     @property
     def io_share(self) -> float:
@@ -195,7 +200,7 @@ class Profile:
         if isinstance(ta, dict) and isinstance(tb, dict):  # timed runs add up
             meta["io_time"] = {k: float(ta.get(k, 0.0)) + float(tb.get(k, 0.0)) for k in ("stack", "call")}
         extra = {}
-        for name in ("e1_sum", "fit_sq_sum", "fit_cross_sum"):
+        for name in _OPTIONAL:
             a, b = getattr(self, name), getattr(other, name)
             if a is not None and b is not None:
                 extra[name] = a + b
@@ -208,6 +213,9 @@ class Profile:
         elif self.has_fit_stats() != other.has_fit_stats() and self.count and other.count:
             log.warning("GCache Profile: one of the merged profiles has no forecast statistics (made before the "
                         "profile-fitted forecaster); the result keeps none. Profile again to fit forecasts.")
+        elif (self.gram_sum is None) != (other.gram_sum is None) and self.count and other.count:
+            log.warning("GCache Profile: one of the merged profiles has no Gram statistics (made before them); the "
+                        "result keeps none.")
         sampled = [p.e_definition for p in (self, other) if p.count] or [min(self.e_definition, other.e_definition)]
         return Profile(self.n_steps, self.e_sum + other.e_sum, self.count + other.count,
                        self.delta_norm_sum + other.delta_norm_sum, self.rel_delta_sum + other.rel_delta_sum,
@@ -217,7 +225,7 @@ class Profile:
     # ------------------------------------------------------------------ file
     def to_bytes(self) -> bytes:
         tensors = {k: torch.from_numpy(np.ascontiguousarray(getattr(self, k), dtype=np.float64)) for k in _TENSORS}
-        for name in ("e1_sum", "fit_sq_sum", "fit_cross_sum"):
+        for name in _OPTIONAL:
             if getattr(self, name) is not None:
                 tensors[name] = torch.from_numpy(np.ascontiguousarray(getattr(self, name), dtype=np.float64))
         meta = {"format": PROFILE_FORMAT, "version": str(PROFILE_VERSION), "n_steps": str(self.n_steps),
@@ -253,7 +261,8 @@ class Profile:
         shapes_ok = arrays["e_sum"].shape == (n, n) and all(arrays[k].shape == (n,) for k in _TENSORS[1:]) \
             and all(a is None or (a.shape == shape(n) and np.all(np.isfinite(a)))
                     for a, shape in zip(opt.values(), _OPTIONAL.values())) \
-            and all(opt[k] is None or not np.any(opt[k] < 0) for k in ("e1_sum", "fit_sq_sum"))
+            and all(opt[k] is None or not np.any(opt[k] < 0) for k in ("e1_sum", "fit_sq_sum")) \
+            and (opt["gram_sum"] is None or not np.any(np.diagonal(opt["gram_sum"]) < 0))  # mean δ_i² ≥ 0
         if not shapes_ok or count < 0 or not 1 <= e_def <= E_DEFINITION:
             raise GCacheError(f"{source} is inconsistent (its arrays do not match n_steps={n}); delete it and "
                               "profile again.")
@@ -335,6 +344,8 @@ class _BranchHistory:
         self.sq = torch.zeros((n_steps, n_steps, 2), dtype=torch.float64, device=delta.device) if self.times else None
         self.cross = torch.zeros((n_steps,) * 3 + (2,), dtype=torch.float64, device=delta.device) \
             if self.times else None
+        # the Gram statistics G[i, j] = mean δ_i·δ_j per fold (fit_stats.py: unconstrained least squares): N²·2
+        self.gram = torch.zeros((n_steps, n_steps, 2), dtype=torch.float64, device=delta.device) if self.times else None
         self.recorded = [False] * n_steps
         self.prev_h: Optional[torch.Tensor] = None
         self.rows_per_chunk = max(1, chunk_elems // max(1, self.numel))
@@ -351,8 +362,15 @@ class _BranchHistory:
         # Earlier rows in contiguous spans, read as slices: an offloaded (pinned) history is filled by
         # asynchronous device-to-host copies, and only a copy queued on the same stream (a slice's .to()) is
         # ordered after them; indexing rows on the host (hist[[0, 2]]) would read them before they land.
+        if self.gram is not None:
+            self.gram[step, step] = _fold_means((df * df)[None])[0]
         for lo, hi in _spans([i for i in range(step) if self.recorded[i]], self.rows_per_chunk):
-            diff = self._rows_minus(lo, hi, df)
+            rows = self.hist[lo:hi].to(self.device, non_blocking=True)
+            if self.gram is not None:  # a float32 temporary (type promotion), freed before diff is made
+                gram = _fold_means(rows * df)
+                self.gram[step, lo:hi] = gram
+                self.gram[lo:hi, step] = gram
+            diff = rows - df  # float32 by type promotion (a lower-precision history converts exactly): a new tensor
             vals = diff.abs_().mean(dim=1).double()
             self.rows[step, lo:hi] = vals
             self.rows[lo:hi, step] = vals
@@ -372,9 +390,6 @@ class _BranchHistory:
             self.prev_h = hf.clone()
         self.recorded[step] = True
 
-    def _rows_minus(self, lo: int, hi: int, df: torch.Tensor) -> torch.Tensor:
-        """hist[lo:hi] − δ in float32, in a new tensor (a lower-precision history converts exactly)."""
-        return self.hist[lo:hi].to(self.device, non_blocking=True) - df
 
     def _forecast_errors(self, j: int, dj: torch.Tensor) -> None:
         """E1[p, i, j] for recorded p < i < j: |δ_j − (δ_i + c·(δ_i − δ_p))|, c = (t_j − t_i)/(t_i − t_p), as
@@ -402,11 +417,21 @@ class _BranchHistory:
                                                                self.prev_h.numel() * self.prev_h.element_size())
 
 
+_BLOCK = 32  # elements per float32 partial sum in _fold_means (then float64)
+
+
 def _fold_means(x: torch.Tensor) -> torch.Tensor:
     """Means of rows over their even and over their odd elements: [rows, m] -> [rows, 2] float64 (an odd last
-    element is left out)."""
-    half = x.shape[1] // 2
-    return x[:, :2 * half].reshape(x.shape[0], half, 2).mean(dim=1, dtype=torch.float32).double()
+    element is left out). Float32 sums over blocks of _BLOCK pairs, added up in float64: the statistics built
+    from these (fit_stats.py) subtract them from each other, and one float32 sum over millions of elements
+    loses digits they need (mean(dtype=float64) would first copy x to float64: twice its bytes)."""
+    rows, half = x.shape[0], x.shape[1] // 2
+    pairs = x[:, :2 * half].reshape(rows, half, 2)  # a view: rows are contiguous inside
+    nb = half // _BLOCK
+    total = pairs[:, nb * _BLOCK:].sum(dim=1).double()
+    if nb:
+        total += pairs[:, :nb * _BLOCK].reshape(rows, nb, _BLOCK, 2).sum(dim=2).double().sum(dim=1)
+    return total / half
 
 
 class ProfileRecorder:
@@ -479,7 +504,8 @@ class ProfileRecorder:
                 rel[1:] = np.diag(rows, 1) / np.maximum(norms[:-1], 1e-12)
                 prof.e_sum += rows
                 if b.e1 is not None:
-                    for name, t in (("e1_sum", b.e1), ("fit_sq_sum", b.sq), ("fit_cross_sum", b.cross)):
+                    for name, t in (("e1_sum", b.e1), ("fit_sq_sum", b.sq), ("fit_cross_sum", b.cross),
+                                    ("gram_sum", b.gram)):
                         a = t.cpu().numpy()
                         if not np.all(np.isfinite(a)):
                             raise GCacheError(f"The forecast errors of branch {key!r} are NaN/Inf; nothing was added.")

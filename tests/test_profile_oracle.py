@@ -90,6 +90,7 @@ def check_against_oracle(prof: Profile, want: dict, forecast: bool) -> None:
     oracle.assert_close("rel_delta", prof.rel_delta_sum, want["rel_delta"], rtol=4e-5)
     if not forecast:
         assert prof.e1_sum is None and prof.fit_sq_sum is None and prof.fit_cross_sum is None
+        assert prof.gram_sum is None
         return
     n = prof.n_steps
     tri = np.zeros((n, n, n), dtype=bool)
@@ -100,6 +101,7 @@ def check_against_oracle(prof: Profile, want: dict, forecast: bool) -> None:
     oracle.assert_close("E1", prof.e1_sum, want["e1"], want["e1_scale"])
     oracle.assert_close("fit_sq", prof.fit_sq_sum, want["sq"])
     oracle.assert_close("fit_cross", prof.fit_cross_sum, want["cross"], want["cross_scale"])
+    oracle.assert_close("gram", prof.gram_sum, want["gram"], want["gram_scale"])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -146,7 +148,8 @@ def test_merged_profiles_equal_one_profile_of_the_same_runs(dtype, data):
     merged = parts[0].merge(parts[1])
     assert merged.count == together.count == 2 and merged.meta["runs"] == 2
     assert merged.meta["sample_keys"] == ["k0", "shared", "k1"]
-    for name in ("e_sum", "delta_norm_sum", "rel_delta_sum", "rel_h_sum", "e1_sum", "fit_sq_sum", "fit_cross_sum"):
+    for name in ("e_sum", "delta_norm_sum", "rel_delta_sum", "rel_h_sum", "e1_sum", "fit_sq_sum", "fit_cross_sum",
+                 "gram_sum"):
         a, b = getattr(merged, name), getattr(together, name)
         assert (a is None) == (b is None) and (a is None or np.allclose(a, b, rtol=1e-12, atol=0)), name
     _, want = oracle_for(times, runs, settings_)
