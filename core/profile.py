@@ -55,6 +55,9 @@ E_DEFINITION = 2
 # Residual elements kept per step and branch (2^25 = 64 MiB in bf16). Flux at 1024² (12.6 M) is recorded
 # exactly; larger residuals (video: Wan 1.3B 81 frames 480p has 50 M, Wan 14B 720p ~384 M) are sampled.
 MAX_ELEMS = 1 << 25
+# Devices whose kernels on mixed dtypes (bfloat16 − float32) are slow (not vectorized on the CPU: measured 6.6x a
+# same-dtype subtraction): lower-precision history rows are converted to float32 first there.
+CONVERT_FIRST = {"cpu"}
 MAX_SAMPLE_KEYS = 4096  # run keys remembered per profile for the duplicate check (16 hex digits each)
 _TENSORS = ("e_sum", "delta_norm_sum", "rel_delta_sum", "rel_h_sum", "times", "sigmas")
 # recorded with forecasting on (E1, fit statistics): name -> shape for N steps
@@ -366,11 +369,15 @@ class _BranchHistory:
             self.gram[step, step] = _fold_means((df * df)[None])[0]
         for lo, hi in _spans([i for i in range(step) if self.recorded[i]], self.rows_per_chunk):
             rows = self.hist[lo:hi].to(self.device, non_blocking=True)
-            if self.gram is not None:  # a float32 temporary (type promotion), freed before diff is made
+            own = rows.dtype != torch.float32 and rows.device.type in CONVERT_FIRST
+            if own:
+                rows = rows.float()  # .float() of a lower-precision tensor is a new (exact) copy: ours to write
+            if self.gram is not None:  # a float32 temporary, freed before diff is made
                 gram = _fold_means(rows * df)
                 self.gram[step, lo:hi] = gram
                 self.gram[lo:hi, step] = gram
-            diff = rows - df  # float32 by type promotion (a lower-precision history converts exactly): a new tensor
+            # float32: in our own copy, or a new tensor by type promotion (a lower-precision history converts exactly)
+            diff = rows.sub_(df) if own else rows - df
             vals = diff.abs_().mean(dim=1).double()
             self.rows[step, lo:hi] = vals
             self.rows[lo:hi, step] = vals

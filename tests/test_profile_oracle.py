@@ -9,6 +9,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import gcache.core.profile as core_profile
 import stats_oracle as oracle
 from gcache.core.engine import CacheStats, ResidualCache
 from gcache.core.errors import GCacheError
@@ -105,10 +106,24 @@ def check_against_oracle(prof: Profile, want: dict, forecast: bool) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("convert_first", [True, False], ids=["convert-first", "promote-in-kernel"])
 @CI
 @given(data=st.data())
-def test_recorder_equals_the_oracle(dtype, data):
+def test_recorder_equals_the_oracle(dtype, convert_first, data):
+    """(convert_first: lower-precision history rows made float32 before the subtraction, as on the CPU, or by type
+    promotion inside the kernel, as on other devices.)"""
     times, runs, settings_, kind = data.draw(histories(dtype))
+    saved = set(core_profile.CONVERT_FIRST)
+    core_profile.CONVERT_FIRST.clear()
+    core_profile.CONVERT_FIRST.update({"cpu"} if convert_first else set())
+    try:
+        check_recorder_against_oracle(times, runs, settings_, kind)
+    finally:
+        core_profile.CONVERT_FIRST.clear()
+        core_profile.CONVERT_FIRST.update(saved)
+
+
+def check_recorder_against_oracle(times, runs, settings_, kind):
     hs0 = next(iter(runs.values()))[1][0]
     s, want = oracle_for(times, runs, settings_)
     m = len(range(0, hs0.numel(), s))
