@@ -1,6 +1,7 @@
 """The profile recorder's cost per recorded step, this tree's against another revision's, side by side.
 
     python -m gcache.bench.recorder --against <git revision> [--steps 16] [--elems 65536 1048576] [--repeats 7]
+    python -m gcache.bench.recorder --kernels     # bfloat16 rows − float32 δ: in the kernel vs converted first
 
 Each case records N steps of one branch (random δ and h of `elems` elements) with ProfileRecorder from this tree
 and from core/profile.py at the given revision (loaded from git into this package, so both use the same
@@ -52,15 +53,46 @@ def record_run(mod, n: int, hs, ds, forecast: bool) -> float:
     return dt / n
 
 
+def kernels(repeats: int, device: str = "cpu") -> None:
+    """The subtraction of core/profile.py's CONVERT_FIRST choice, side by side: bfloat16 rows − a float32 δ by type
+    promotion inside the kernel, converted to float32 first, and bfloat16 − bfloat16 (the old, rounded one)."""
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randn(8, 1 << 20, generator=g).bfloat16().to(device)
+    d = torch.randn(1 << 20, generator=g).bfloat16().to(device)
+    df = d.float()
+    variants = {"promote_in_kernel": lambda: rows - df, "convert_first": lambda: rows.float().sub_(df),
+                "bf16_minus_bf16": lambda: rows - d}
+    t = {k: [] for k in variants}
+    for _ in range(repeats):
+        for k, fn in variants.items():
+            if device != "cpu":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            if device != "cpu":
+                torch.cuda.synchronize()
+            t[k].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v) for k, v in t.items()}
+    print(f"{device}: " + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in med.items()) +
+          f"; promote/convert {med['promote_in_kernel'] / med['convert_first']:.2f}, "
+          f"promote/bf16 {med['promote_in_kernel'] / med['bf16_minus_bf16']:.2f}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--against", required=True, help="git revision whose core/profile.py is the baseline")
+    ap.add_argument("--against", help="git revision whose core/profile.py is the baseline")
+    ap.add_argument("--kernels", action="store_true", help="only time the subtraction variants (CONVERT_FIRST)")
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--elems", type=int, nargs="+", default=[1 << 16, 1 << 20])
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
+    if a.kernels:
+        kernels(a.repeats, "cuda" if torch.cuda.is_available() else "cpu")
+        return
+    if not a.against:
+        ap.error("--against <git revision> is needed (or --kernels)")
     old = profile_module_at(a.against)
     rows = []
     for elems in a.elems:

@@ -55,8 +55,9 @@ E_DEFINITION = 2
 # Residual elements kept per step and branch (2^25 = 64 MiB in bf16). Flux at 1024² (12.6 M) is recorded
 # exactly; larger residuals (video: Wan 1.3B 81 frames 480p has 50 M, Wan 14B 720p ~384 M) are sampled.
 MAX_ELEMS = 1 << 25
-# Devices whose kernels on mixed dtypes (bfloat16 − float32) are slow (not vectorized on the CPU: measured 6.6x a
-# same-dtype subtraction): lower-precision history rows are converted to float32 first there.
+# Devices whose kernels on mixed dtypes (bfloat16 − float32) are slow: on the CPU (not vectorized) one took 2x
+# converting to float32 first and 4x a bfloat16 − bfloat16 subtraction (bench/recorder.py --kernels, 8 × 2^20
+# elements). There lower-precision history rows are converted first; elsewhere the kernel promotes them.
 CONVERT_FIRST = {"cpu"}
 MAX_SAMPLE_KEYS = 4096  # run keys remembered per profile for the duplicate check (16 hex digits each)
 _TENSORS = ("e_sum", "delta_norm_sum", "rel_delta_sum", "rel_h_sum", "times", "sigmas")
