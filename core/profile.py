@@ -16,7 +16,8 @@ forecast of δ_j from computed steps p < i, for the order-1 DP) from the same hi
 plus E1 itself (N³ float64 on δ's device: 216 KB at N = 30, 1 MB at N = 50) and float32 temporaries of at most
 chunk rows + 2 rows of m elements while a step's E1 entries are computed; the fit statistics (fit_stats.py: squared
 differences, cross terms and the Gram statistics mean δ_i·δ_j, per fold) use the same temporaries (the Gram
-product's is freed before the difference is made), and their fold means add partial sums of m/32 elements. Values are means (not sums) so profiles at different resolutions can be merged.
+product's is freed before the difference is made), and their fold means add partial sums of m/32 elements.
+Values are means (not sums) so profiles at different resolutions can be merged.
 
 The artifact stores sums and a count (mergeable), saved as safetensors with JSON metadata.
 
@@ -363,11 +364,11 @@ class _BranchHistory:
         # only); every in-place operation below is on a temporary this method made.
         df = d.float()
         self.norms[step] = d.abs().mean(dtype=torch.float32)
+        if self.gram is not None:
+            self.gram[step, step] = _fold_means((df * df)[None])[0]
         # Earlier rows in contiguous spans, read as slices: an offloaded (pinned) history is filled by
         # asynchronous device-to-host copies, and only a copy queued on the same stream (a slice's .to()) is
         # ordered after them; indexing rows on the host (hist[[0, 2]]) would read them before they land.
-        if self.gram is not None:
-            self.gram[step, step] = _fold_means((df * df)[None])[0]
         for lo, hi in _spans([i for i in range(step) if self.recorded[i]], self.rows_per_chunk):
             rows = self.hist[lo:hi].to(self.device, non_blocking=True)
             own = rows.dtype != torch.float32 and rows.device.type in CONVERT_FIRST
@@ -397,7 +398,6 @@ class _BranchHistory:
         else:
             self.prev_h = hf.clone()
         self.recorded[step] = True
-
 
     def _forecast_errors(self, j: int, dj: torch.Tensor) -> None:
         """E1[p, i, j] for recorded p < i < j: |δ_j − (δ_i + c·(δ_i − δ_p))|, c = (t_j − t_i)/(t_i − t_p), as
