@@ -17,7 +17,8 @@ of 32 and in float64 beyond (profile._fold_means; one float32 sum over the whole
 mse(w) is known to roughly 1e-8·(1 + Σ|w_k|)²·G[j, j]. Measured on float32 residuals of 65536 elements (5 seeds,
 δ_j = 2δ_i − δ_p + noise, tests/test_gram_stats.py checks the middle case): an RMS error of 1e-2·RMS(δ_j) comes out
 within 2e-5, 1e-3 within 0.2 %, 3e-4 within 2 %, 1e-4 within 25 %; anything smaller is noise (mse is clipped at 0).
-The difference-based statistics above do not have this floor.
+The difference-based mse(c) above has the same kind of floor (float32 means), but relative to mean (δ_j − δ_i)²,
+which on a smooth trajectory is far below mean δ_j².
 """
 from __future__ import annotations
 

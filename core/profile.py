@@ -16,7 +16,7 @@ forecast of δ_j from computed steps p < i, for the order-1 DP) from the same hi
 plus E1 itself (N³ float64 on δ's device: 216 KB at N = 30, 1 MB at N = 50) and float32 temporaries of at most
 chunk rows + 2 rows of m elements while a step's E1 entries are computed; the fit statistics (fit_stats.py: squared
 differences, cross terms and the Gram statistics mean δ_i·δ_j, per fold) use the same temporaries (the Gram
-product's is freed before the difference is made), and their fold means add partial sums of m/32 elements.
+product's is freed before the difference is made; its fold means add partial sums of m/32 elements).
 Values are means (not sums) so profiles at different resolutions can be merged.
 
 The artifact stores sums and a count (mergeable), saved as safetensors with JSON metadata.
@@ -365,7 +365,7 @@ class _BranchHistory:
         df = d.float()
         self.norms[step] = d.abs().mean(dtype=torch.float32)
         if self.gram is not None:
-            self.gram[step, step] = _fold_means((df * df)[None])[0]
+            self.gram[step, step] = _fold_means((df * df)[None], precise=True)[0]
         # Earlier rows in contiguous spans, read as slices: an offloaded (pinned) history is filled by
         # asynchronous device-to-host copies, and only a copy queued on the same stream (a slice's .to()) is
         # ordered after them; indexing rows on the host (hist[[0, 2]]) would read them before they land.
@@ -375,7 +375,7 @@ class _BranchHistory:
             if own:
                 rows = rows.float()  # .float() of a lower-precision tensor is a new (exact) copy: ours to write
             if self.gram is not None:  # a float32 temporary, freed before diff is made
-                gram = _fold_means(rows * df)
+                gram = _fold_means(rows * df, precise=True)
                 self.gram[step, lo:hi] = gram
                 self.gram[lo:hi, step] = gram
             # float32: in our own copy, or a new tensor by type promotion (a lower-precision history converts exactly)
@@ -425,16 +425,19 @@ class _BranchHistory:
                                                                self.prev_h.numel() * self.prev_h.element_size())
 
 
-_BLOCK = 32  # elements per float32 partial sum in _fold_means (then float64)
+_BLOCK = 32  # elements per float32 partial sum in _fold_means(precise=True), then float64
 
 
-def _fold_means(x: torch.Tensor) -> torch.Tensor:
+def _fold_means(x: torch.Tensor, precise: bool = False) -> torch.Tensor:
     """Means of rows over their even and over their odd elements: [rows, m] -> [rows, 2] float64 (an odd last
-    element is left out). Float32 sums over blocks of _BLOCK pairs, added up in float64: the statistics built
-    from these (fit_stats.py) subtract them from each other, and one float32 sum over millions of elements
-    loses digits they need (mean(dtype=float64) would first copy x to float64: twice its bytes)."""
+    element is left out). `precise` (the Gram statistics, whose differences cancel: fit_stats.py): float32 sums
+    over blocks of _BLOCK pairs, added up in float64 (one float32 sum over the fold lost ten times more, and
+    mean(dtype=float64) would first copy x to float64: twice its bytes); it costs twice the plain mean on the CPU,
+    so the difference-based statistics, which cancel far less, keep the plain float32 mean."""
     rows, half = x.shape[0], x.shape[1] // 2
     pairs = x[:, :2 * half].reshape(rows, half, 2)  # a view: rows are contiguous inside
+    if not precise:
+        return pairs.mean(dim=1, dtype=torch.float32).double()
     nb = half // _BLOCK
     total = pairs[:, nb * _BLOCK:].sum(dim=1).double()
     if nb:
