@@ -210,9 +210,11 @@ def predicted_profile_bytes(numel_branch: int, itemsize: int, n: int, branches: 
     s, full = m * itemsize, numel_branch * itemsize
     r = min(max(1, chunk_elems // max(1, m)), n)
     hist = branches * n * s
-    # Row temporaries: the difference block, plus its copy from the host when the history is offloaded.
-    return {"history": hist, "prev_h": branches * s, "delta_batch": branches * full, "row_temps": 2 * r * s,
-            "total": hist + branches * s + branches * full + 2 * r * s}
+    # Row temporaries: the float32 difference block, its copy from the host (δ's dtype) when the history is
+    # offloaded, and δ in float32 when δ is not float32 (differences are formed in float32).
+    temps = r * m * 4 + r * s + (0 if itemsize == 4 else m * 4)
+    return {"history": hist, "prev_h": branches * s, "delta_batch": branches * full, "row_temps": temps,
+            "total": hist + branches * s + branches * full + temps}
 
 
 def real_size_predictions() -> list:

@@ -33,7 +33,10 @@ from .runtime import RunState
 from .steps import Schedule, place_run
 
 log = logging.getLogger("gcache")
-AUTO_VERSION = 2  # 2: the forecaster the profile says is best, at a measured io share (1: reuse, estimated share)
+# 3: built from a profile whose E is the mean absolute difference (profile format 2); 2: the forecaster the profile
+# says is best, at a measured io share, from profiles that may hold a squared E (core/profile.py); 1: reuse,
+# estimated share, from profiles without forecast statistics
+AUTO_VERSION = 3
 
 
 def model_key(model) -> str:
@@ -144,13 +147,28 @@ class AutoConfig(RunConfig):
             return found, (f"applying the policy GCache Search found ({found.provenance.get('won', 'searched')}, "
                            f"K = {found.n_computed}) instead of the instant one")
         pol = self._readable(path, artifacts.read_policy) if self.forecast is None else None
-        if pol is not None and (pol.provenance.get("auto") or {}).get("version", 1) >= AUTO_VERSION:
+        version = _auto_version(pol)
+        if pol is not None and version >= AUTO_VERSION:
             return pol, f"applying {os.path.basename(path)} (forecast {pol.forecast})"
         prof = self._readable(prof_path, Profile.load)
+        if prof is not None and prof.defect:
+            side = artifacts.set_aside(prof_path, "defective")
+            log.warning("GCache Apply auto: %s: %s It was moved to %s; this run profiles again.",
+                        os.path.basename(prof_path), prof.defect, os.path.basename(side))
+            prof = None
+            if pol is not None:
+                log.warning("GCache Apply auto: %s was built from that profile; it is made again after this run.",
+                            os.path.basename(path))
+                pol = None
+        if pol is not None and version == 2 and prof is None:
+            log.warning("GCache Apply auto: %s was built from a profile that may hold a squared E (GCache before "
+                        "profile format 2) and that profile is gone; this run profiles again.", os.path.basename(path))
+            pol = None
         if prof is not None and prof.count > 0 and (pol is None or prof.has_fit_stats()):
             made = self.build(name, prof)
             if pol is not None:
-                return made, (f"rebuilt {os.path.basename(path)}, made before auto forecasting, from the saved "
+                why = "made before auto forecasting" if version < 2 else f"made by an older auto (version {version})"
+                return made, (f"rebuilt {os.path.basename(path)}, {why}, from the saved "
                               f"{os.path.basename(prof_path)} (forecast {made.forecast})")
             how = "built" if self.forecast is None else f"built for the forecast input ({self.forecast}), not saved,"
             return made, f"{how} {os.path.basename(path)} from the saved {os.path.basename(prof_path)}"
@@ -162,7 +180,10 @@ class AutoConfig(RunConfig):
             for n in sorted(counts, key=lambda c: (abs(c - name.n_steps), c)):
                 other = name.with_steps(n).policy_path(self.folder)
                 pol = self._readable(other, artifacts.read_policy)
-                if pol is not None:
+                if pol is not None and _auto_version(pol) == 2:  # maybe from a squared E: not remapped
+                    log.info("GCache Apply auto: not remapping %s (made by auto version 2, from a profile that may "
+                             "hold a squared E).", os.path.basename(other))
+                elif pol is not None:
                     return pol, f"remapping {os.path.basename(other)} to {name.n_steps} steps"
         return None, ""
 
@@ -191,6 +212,11 @@ class AutoConfig(RunConfig):
         if self.forecast is None:
             pol.save(name.policy_path(self.folder))
         return pol
+
+
+def _auto_version(pol: Optional[Policy]) -> int:
+    """The auto version a saved auto policy was built by (1: before versions were recorded)."""
+    return int((pol.provenance.get("auto") or {}).get("version", 1)) if pol is not None else 0
 
 
 def _name(patcher, run_sigmas: list[float], model_name: str, key: str,

@@ -84,6 +84,7 @@ class GCachePolicy(io.ComfyNode):
         cc.check_choice("budget", budget, BUDGETS)
         cc.check_choice("method", method, METHODS)
         cc.check_choice("forecast", forecast, list(cc.FORECAST))
+        profile.require_clean("GCache Policy")
         t0 = time.perf_counter()
         kk = budget_k(profile, budget, k, speedup)
         note = few_computed(profile.n_steps, kk)

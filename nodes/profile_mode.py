@@ -82,10 +82,15 @@ class ProfileConfig(RunConfig):
         """The profile already in the file (None if there is none); a damaged file stops here, before any
         sampling, with what to do."""
         try:
-            return artifacts.load_profile_opt(self.profile_path)
+            old = artifacts.load_profile_opt(self.profile_path)
         except GCacheError as e:
             raise GCacheError(f"{e} (profile file {self.profile_path}; GCache Profile adds to it, so it must be "
                               "readable before sampling starts)") from None
+        if old is not None and old.defect:  # new runs can't be added to it (Profile.merge refuses the mix)
+            raise GCacheError(f"{self.profile_path}: {old.defect} GCache Profile adds new runs to this file and "
+                              "can't mix them with it: delete or rename it (or use another profile name) and "
+                              "profile again.")
+        return old
 
     def start_run(self, patcher, run_sigmas: list[float], sample_key: Callable[[], str]) -> RunState:
         path = self.profile_path

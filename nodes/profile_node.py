@@ -1,6 +1,7 @@
 """GCache Profile (record during normal sampling) and GCache Load Profile (look at one)."""
 from __future__ import annotations
 
+import logging
 import os
 
 from comfy_api.latest import io
@@ -12,6 +13,8 @@ from . import artifacts, companions, hooks
 from . import comfy_common as cc
 from .profile_mode import profile_config
 from .run_config import CACHE_DEVICES
+
+log = logging.getLogger("gcache")
 
 
 class GCacheProfile(io.ComfyNode):
@@ -85,4 +88,7 @@ class GCacheLoadProfile(io.ComfyNode):
     @classmethod
     def execute(cls, profile) -> io.NodeOutput:
         prof = Profile.load(cc.find_file(profile + artifacts.PROFILE_SUFFIX))
+        if prof.defect:  # shown, but GCache Policy and GCache Search refuse it
+            log.warning("GCache Load Profile: %s: %s GCache Policy and GCache Search refuse it: profile again.",
+                        profile, prof.defect)
         return io.NodeOutput(prof, cc.pil_to_image(plot_profile(prof)))

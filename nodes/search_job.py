@@ -89,12 +89,24 @@ class SearchJob:
             tick()
         return refs
 
+    def check_profile(self) -> None:
+        """A connected profile with a defect is refused before any sampling."""
+        if self.profile is not None and self.profile.defect:
+            raise GCacheError(f"GCache Search can't use the connected profile. {self.profile.defect} Profile again "
+                              "with GCache Profile (under a new name) and connect that one, or disconnect it: the "
+                              "search then profiles its own reference runs.")
+
     def load_profile(self) -> Profile:
+        self.check_profile()
         profile = self.profile
         if profile is None:
             if not os.path.isfile(self.own_profile):
                 raise GCacheError("The reference runs recorded no profile (was sampling interrupted?).")
             profile = Profile.load(self.own_profile)
+            if profile.defect:
+                raise GCacheError(f"GCache Search can't use {self.own_profile}, the profile of its reference runs. "
+                                  f"{profile.defect} Delete it and {self.state_path} (the search started from "
+                                  "it), then queue GCache Search again: it profiles its reference runs again.")
         if profile.n_steps != self.steps:
             raise GCacheError(f"The profile has {profile.n_steps} steps but steps = {self.steps}: set steps to "
                               f"{profile.n_steps} or profile this step count.")

@@ -102,6 +102,7 @@ class GCacheSearch(io.ComfyNode):
         make_objective(objective)  # fails early, with a message, when LPIPS weights are missing
         job = SearchJob(model, positive, negative, latent, vae, [seed + i for i in range(seeds)], steps, cfg,
                         sampler_name, scheduler, config, cc.folder(), safe_name(policy_name, "policy name"), profile)
+        job.check_profile()  # before the reference runs
         hidden = getattr(cls, "hidden", None)
         prompt, node_id = getattr(hidden, "prompt", None), getattr(hidden, "unique_id", None)
         slice_of = background.marker(prompt, node_id)

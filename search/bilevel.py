@@ -213,6 +213,7 @@ def run_batch_search(profile: Profile, config: SearchConfig, executor: Executor,
     """The search with up to q evaluations in flight on `executor`. See the module docstring."""
     if not isinstance(profile, Profile):
         raise GCacheError("The search needs a GCache Profile (profile the model first).")
+    profile.require_clean("The search")
     if not isinstance(q, int) or q < 1:
         raise GCacheError(f"q (evaluations in flight) must be a whole number ≥ 1, got {q!r}.")
     n = profile.n_steps

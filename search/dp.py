@@ -18,11 +18,12 @@ from ..core.policy import check_budget
 def segment_costs(E: np.ndarray, w: np.ndarray) -> np.ndarray:
     """C[i, r] for 0 ≤ i < r ≤ N (inf elsewhere): the cost of computing at i and reusing until r − 1."""
     n = E.shape[0]
-    weighted = E * np.exp(w)[None, :]
-    prefix = np.zeros((n, n + 1))
-    np.cumsum(weighted, axis=1, out=prefix[:, 1:])
     idx = np.arange(n)
-    C = prefix - prefix[idx, idx + 1][:, None]
+    # only j > i enters row i: summing from zero (not a prefix minus the prefix through i) keeps large entries
+    # j ≤ i (E is symmetric) from cancelling against the segment's own
+    weighted = np.where(idx[None, :] > idx[:, None], E * np.exp(w)[None, :], 0.0)
+    C = np.zeros((n, n + 1))
+    np.cumsum(weighted, axis=1, out=C[:, 1:])
     C[np.arange(n + 1)[None, :] <= idx[:, None]] = np.inf
     return C
 

@@ -37,12 +37,12 @@ def dp_mask_forecast(E, E1, w, k: int) -> tuple[list[int], float]:
     if k == 1 or k == n:
         return dp_mask(E, w, k)  # no step has two computed steps before it, or nothing is skipped
     ew = np.exp(w)
-    A = E1 * ew[None, None, :]
-    # S[p, i, r] = Σ_{j<r} A[p, i, j];  seg[p, i, r] = Σ_{i<j<r} A[p, i, j] for r > i
-    S = np.zeros((n, n, n + 1))
-    np.cumsum(A, axis=2, out=S[:, :, 1:])
     idx = np.arange(n)
-    seg = S - S[:, idx, idx + 1][:, :, None]               # subtract the prefix through j = i
+    # seg[p, i, r] = Σ_{i<j<r} E1[p, i, j]·e^{w_j} for r > i, summed from zero over j > i only (a prefix minus
+    # the prefix through i would let large entries j ≤ i cancel against the segment's own)
+    A = np.where(idx[None, None, :] > idx[None, :, None], E1 * ew[None, None, :], 0.0)
+    seg = np.zeros((n, n, n + 1))
+    np.cumsum(A, axis=2, out=seg[:, :, 1:])
     r = np.arange(n + 1)
     invalid = (r[None, None, :] <= idx[None, :, None]) | (idx[:, None, None] >= idx[None, :, None])
     seg[invalid] = np.inf                                   # r > i and p < i only

@@ -44,6 +44,7 @@ def propagation_weights(profile: Profile, method: str = "theory", s: Optional[Se
 
 def forecast_dp(profile: Profile, w: np.ndarray, k: int, forecast="reuse") -> tuple[list, float]:
     """The exact DP's K-mask and bound for masks applied with `forecast` (its error tensors from the profile)."""
+    profile.require_clean("The DP (instant policies, the forecaster choice)")
     e2, e3 = forecasters.get(forecast).dp_errors(profile)
     return dp_mask_forecast(e2, e3, w, k) if e3 is not None else dp_mask(e2, w, k)
 

@@ -131,7 +131,7 @@ def test_corrupt_foreign_and_versioned_files(tmp_path):
     from safetensors.torch import save
     with pytest.raises(GCacheError, match="not a GCache profile"):
         Profile.from_bytes(save({"w": torch.zeros(2)}, metadata={"format": "lora"}))
-    data = p.to_bytes().replace(b'"version":"1"', b'"version":"7"')
+    data = p.to_bytes().replace(b'"version":"2"', b'"version":"7"')
     with pytest.raises(GCacheError, match="version '7'"):
         Profile.from_bytes(data)
 

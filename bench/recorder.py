@@ -1,0 +1,129 @@
+"""The profile recorder's cost per recorded step, this tree's against another revision's, side by side.
+
+    python -m gcache.bench.recorder --against <git revision> [--steps 16] [--elems 65536 1048576] [--repeats 7]
+    python -m gcache.bench.recorder --kernels     # bfloat16 rows − float32 δ: in the kernel vs converted first
+
+Each case records N steps of one branch (random δ and h of `elems` elements) with ProfileRecorder from this tree
+and from core/profile.py at the given revision (loaded from git into this package, so both use the same
+helpers), variants interleaved and shuffled every repetition. Prints per-step milliseconds (medians) and the
+ratio new/old (median of per-repetition ratios), and the recorder's temporaries' peak: on the CPU the largest
+single allocation seen is not observable, so the memory model is stated in core/profile.py instead.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+from ..core import profile as current
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def profile_module_at(rev: str):
+    """core/profile.py as it was at `rev`, imported as a module of this package (relative imports resolve to
+    this tree's core/)."""
+    src = subprocess.run(["git", "-C", REPO, "show", f"{rev}:core/profile.py"], check=True, capture_output=True,
+                         text=True).stdout
+    name = f"{current.__package__}._profile_at_{rev[:12]}"
+    spec = importlib.util.spec_from_loader(name, loader=None)
+    mod = importlib.util.module_from_spec(spec)
+    mod.__package__ = current.__package__
+    sys.modules[name] = mod
+    exec(compile(src, f"{rev}:core/profile.py", "exec"), mod.__dict__)
+    return mod
+
+
+def record_run(mod, n: int, hs, ds, forecast: bool) -> float:
+    times = [1.0 - k / n for k in range(n)]
+    rec = mod.ProfileRecorder(times, forecast=forecast)
+    t0 = time.perf_counter()
+    for j in range(n):
+        rec.record(j, "all", hs[j], ds[j])
+    dt = time.perf_counter() - t0
+    rec.finish()
+    return dt / n
+
+
+def kernels(repeats: int, device: str = "cpu") -> None:
+    """The subtraction of core/profile.py's CONVERT_FIRST choice, side by side: bfloat16 rows − a float32 δ by type
+    promotion inside the kernel, converted to float32 first, and bfloat16 − bfloat16 (the old, rounded one)."""
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randn(8, 1 << 20, generator=g).bfloat16().to(device)
+    d = torch.randn(1 << 20, generator=g).bfloat16().to(device)
+    df = d.float()
+    variants = {"promote_in_kernel": lambda: rows - df, "convert_first": lambda: rows.float().sub_(df),
+                "bf16_minus_bf16": lambda: rows - d}
+    t = {k: [] for k in variants}
+    for _ in range(repeats):
+        for k, fn in variants.items():
+            if device != "cpu":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            if device != "cpu":
+                torch.cuda.synchronize()
+            t[k].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v) for k, v in t.items()}
+    print(f"{device}: " + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in med.items()) +
+          f"; promote/convert {med['promote_in_kernel'] / med['convert_first']:.2f}, "
+          f"promote/bf16 {med['promote_in_kernel'] / med['bf16_minus_bf16']:.2f}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--against", help="git revision whose core/profile.py is the baseline")
+    ap.add_argument("--kernels", action="store_true", help="only time the subtraction variants (CONVERT_FIRST)")
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--elems", type=int, nargs="+", default=[1 << 16, 1 << 20])
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    if a.kernels:
+        kernels(a.repeats, "cuda" if torch.cuda.is_available() else "cpu")
+        return
+    if not a.against:
+        ap.error("--against <git revision> is needed (or --kernels)")
+    old = profile_module_at(a.against)
+    rows = []
+    for elems in a.elems:
+        for dtype in (torch.float32, torch.bfloat16):
+            for forecast in (False, True):
+                if forecast and elems > 1 << 18:
+                    continue  # O(N³·m): the small size shows the ratio
+                g = torch.Generator().manual_seed(0)
+                ds = [torch.randn(1, elems // 64, 64, generator=g).to(dtype) for _ in range(a.steps)]
+                hs = [torch.randn(1, elems // 64, 64, generator=g).to(dtype) for _ in range(a.steps)]
+                variants = {"old": old, "new": current}
+                for mod in variants.values():  # warm-up
+                    record_run(mod, a.steps, hs, ds, forecast)
+                t = {k: [] for k in variants}
+                order = list(variants)
+                rng = random.Random(0)
+                for _ in range(a.repeats):
+                    rng.shuffle(order)
+                    for k in order:
+                        t[k].append(record_run(variants[k], a.steps, hs, ds, forecast))
+                ratio = statistics.median(x / y for x, y in zip(t["new"], t["old"]))
+                row = {"elems": elems, "dtype": str(dtype).replace("torch.", ""), "forecast": forecast,
+                       "old_ms": round(statistics.median(t["old"]) * 1e3, 3),
+                       "new_ms": round(statistics.median(t["new"]) * 1e3, 3),
+                       "spread_new_ms": round((max(t["new"]) - min(t["new"])) * 1e3, 3), "new_over_old": round(ratio, 3)}
+                rows.append(row)
+                print(f"m={elems:8d} {row['dtype']:8s} forecast={forecast!s:5s}: old {row['old_ms']:8.3f} ms/step, "
+                      f"new {row['new_ms']:8.3f} ms/step (spread {row['spread_new_ms']:.3f}), new/old {ratio:.3f}",
+                      flush=True)
+    print(json.dumps({"against": a.against, "steps": a.steps, "threads": a.threads, "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
