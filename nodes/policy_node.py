@@ -71,15 +71,6 @@ class GCachePolicy(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, budget, method):  # named only: **kwargs would turn off ComfyUI's other checks
-        try:
-            cc.check_choice("budget", budget, BUDGETS)
-            cc.check_choice("method", method, METHODS)
-        except GCacheError as e:
-            return str(e)
-        return True
-
-    @classmethod
     def execute(cls, profile, budget, speedup, k, method, bernstein_s, save_name, forecast="reuse (0)") -> io.NodeOutput:
         cc.check_choice("budget", budget, BUDGETS)
         cc.check_choice("method", method, METHODS)
