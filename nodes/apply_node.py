@@ -36,8 +36,10 @@ class GCacheApply(io.ComfyNode):
                                        "remap the policy by normalized time, or stop with an error."),
                 io.Float.Input("auto_speedup", default=2.0, min=1.0, max=20.0, step=0.1, round=0.01, optional=True,
                                tooltip="(auto) only: the target speed-up; K is the fewest computed steps whose "
-                                       "predicted speed-up does not exceed it. Optional, so that API prompts written "
-                                       "before it existed still run."),
+                                       "predicted speed-up does not exceed it. A policy GCache Search found for this "
+                                       "model, steps and scheduler is applied instead when it computes no more "
+                                       "steps than that. Optional, so that API prompts written before it existed "
+                                       "still run."),
                 io.Combo.Input("forecast", options=["policy's"] + list(cc.FORECAST), default="policy's", optional=True,
                                tooltip="On skipped steps: the policy's choice ((auto): the forecaster its profile "
                                        "says is best), reuse the last residual, forecast it from the last 2 (linear) "
