@@ -4,6 +4,7 @@ import os
 import re
 import tempfile
 import time
+from typing import Optional
 
 from .errors import GCacheError
 
@@ -59,6 +60,19 @@ def _file_mode(path: str) -> int:
     except (OSError, ValueError):
         pass
     return 0o666 & ~umask
+
+
+def unwritable(folder: str) -> Optional[str]:
+    """Why no file can be written in `folder` (None when one can), found the way every save writes: a temporary
+    file in that folder (atomic_write_bytes), created and removed at once. The folder is made if it is missing."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        return e.strerror or str(e)  # the strerror alone: an OSError's text repeats a temporary file's path
+    return None
 
 
 def atomic_write_text(path: str, text: str) -> None:

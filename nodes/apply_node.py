@@ -36,8 +36,10 @@ class GCacheApply(io.ComfyNode):
                                        "remap the policy by normalized time, or stop with an error."),
                 io.Float.Input("auto_speedup", default=2.0, min=1.0, max=20.0, step=0.1, round=0.01, optional=True,
                                tooltip="(auto) only: the target speed-up; K is the fewest computed steps whose "
-                                       "predicted speed-up does not exceed it. Optional, so that API prompts written "
-                                       "before it existed still run."),
+                                       "predicted speed-up does not exceed it. A policy GCache Search found for this "
+                                       "model, steps and scheduler is applied instead when it computes no more "
+                                       "steps than that. Optional, so that API prompts written before it existed "
+                                       "still run."),
                 io.Combo.Input("forecast", options=["policy's"] + list(cc.FORECAST), default="policy's", optional=True,
                                tooltip="On skipped steps: the policy's choice ((auto): the forecaster its profile "
                                        "says is best), reuse the last residual, forecast it from the last 2 (linear) "
@@ -54,19 +56,13 @@ class GCacheApply(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, cache_device, step_mismatch):
-        # named inputs only: a **kwargs here would make ComfyUI skip its own checks of every other input
-        try:
-            cc.check_choice("cache_device", cache_device, list(CACHE_DEVICES))
-            cc.check_choice("step_mismatch", step_mismatch, STEP_MISMATCH)
-        except GCacheError as e:
-            return str(e)
-        return True
-
-    @classmethod
     def execute(cls, model, policy_file, cache_device, step_mismatch, auto_speedup=2.0, forecast="policy's",
                 policy_json="", policy=None) -> io.NodeOutput:
+        # Combo values are checked here, not in a validate_inputs: ComfyUI reports a validate_inputs message under
+        # every input that function takes (an unknown cache_device was reported under step_mismatch too); 0.33
+        # checks combo values itself at validation, 0.3.64 does not (V3 combos), so this check is the one there.
         cc.check_choice("cache_device", cache_device, list(CACHE_DEVICES))
+        cc.check_choice("step_mismatch", step_mismatch, STEP_MISMATCH)
         cc.check_choice("forecast", forecast, ["policy's"] + list(cc.FORECAST))
         device = CACHE_DEVICES[cache_device]
         if policy is None and policy_json and policy_json.strip():

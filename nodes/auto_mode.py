@@ -6,9 +6,14 @@ choose_forecaster: reuse, linear or profile-fitted, by a held-out bound), at the
 io share the profiling run measured, is the largest not above the target. Apply's forecast input overrides the
 choice: the policy is then built for that forecaster from the saved profile (milliseconds, not saved).
 
+A policy GCache Search found for the same model, step count and scheduler (..._K<K>_searched.json) comes first when
+it meets the target speed-up (see AutoConfig.searched); when none does, the log says why.
+
 Files (artifacts.AutoName): auto_<Model>-<key>_<N>steps_<scheduler>.profile.safetensors (the budget does not
 change a profile: another speed-up reuses it) and ..._<speed-up>x.json. A file that can't be read is set aside
-(renamed beside itself, with a log line) and made again: one truncated file must not block every later run.
+(renamed beside itself): one truncated file must not block every later run. The run's one log line says what was
+found on the way and what the run does instead (apply, remap, build or profile). A gcache folder that can't be
+written is found before sampling: the run then computes every step without profiling.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ from ..core.policy import Policy, few_computed, k_for_speedup, out_of_reach, pre
 from ..core.profile import Profile
 from . import artifacts
 from .apply_mode import ApplyConfig
+from .comfy_common import FOLDER_FIX, cant_write
 from .content_hash import content_hash
 from .profile_mode import ProfileConfig
 from .run_config import RunConfig, catalog_for, check_step_mismatch
@@ -85,93 +91,152 @@ class AutoConfig(RunConfig):
                         "with one name, then GCache Policy → GCache Apply.", sched.where())
             return ApplyConfig(**self.common(), policy=Policy.all_ones(sched.n_global)).start_run(
                 patcher, run_sigmas, sample_key)
-        policy, how = self.find_policy(name)
+        notes: list[str] = []  # what this run found on the way (damaged files, searched policies it does not take)
+        policy, how = self.find_policy(name, notes)
         if policy is not None:
-            log.info("GCache Apply auto: %s", how)
+            _say(notes, how)
             return ApplyConfig(**self.common(), policy=policy, on_mismatch="remap", cache_device=self.cache_device,
                                forecast=self.forecast).start_run(patcher, run_sigmas, sample_key)
         prof_path = name.profile_path(self.folder)
-        log.info("GCache Apply auto: no policy for this model, %d steps and %gx yet: this run computes every step "
-                 "and profiles it (%s).", sched.n_run, self.speedup, os.path.basename(prof_path))
+        blocked = cant_write(self.folder)
+        if blocked:  # a profile that can't be saved is sampling time for nothing: the image, at full compute
+            _say(notes + [f"no policy for this model, {sched.n_run} steps and {self.speedup:g}x, and {blocked}"],
+                 f"this run computes every step without profiling (nothing could be saved). To have auto profile "
+                 f"and make a policy, {FOLDER_FIX}", logging.WARNING)
+            return ApplyConfig(**self.common(), policy=Policy.all_ones(sched.n_global)).start_run(
+                patcher, run_sigmas, sample_key)
+        _say(notes, f"no policy for this model, {sched.n_run} steps and {self.speedup:g}x yet: this run computes "
+                    f"every step and profiles it ({os.path.basename(prof_path)}).")
         # cache_device "cpu": the profile history is offloaded too; forecasting needs E1 and the fit statistics
         run = ProfileConfig(**self.common(), profile_path=prof_path, history_device=self.cache_device,
                             forecast=True).start_run(patcher, run_sigmas, sample_key)
 
         def finish(run: RunState, stats: CacheStats, ok: bool):
             if not (ok and os.path.isfile(prof_path)):
-                return
+                return  # Profile's own line said why nothing was added
             try:  # after sampling: a file problem is logged, never raised (the image is kept)
                 pol = self.build(name, Profile.load(prof_path))
-            except (GCacheError, OSError) as e:
-                log.error("GCache Apply auto: could not make or save the policy %s (%s); the next run tries again.",
-                          name.policy_path(self.folder), e)
+            except GCacheError as e:
+                log.error("GCache Apply auto: could not make a policy from %s (%s); the next run tries again.",
+                          os.path.basename(prof_path), e)
+                return
+            pol_name = os.path.basename(name.policy_path(self.folder))
+            if self.forecast is not None:  # Apply's forecast input chose the forecaster: such policies aren't saved
+                log.info("GCache Apply auto: built the policy for the forecast input (%s; K = %d of %d, forecast %s, "
+                         "predicted %.2fx at a measured io share of %.3f), not saved as %s; the next run builds it "
+                         "again from the saved %s.", self.forecast, pol.n_computed, pol.n_steps, pol.forecast,
+                         pol.metrics["predicted_speedup"], pol.metrics["io_share"], pol_name,
+                         os.path.basename(prof_path))
+                return
+            unsaved = self._save(pol, name.policy_path(self.folder))
+            if unsaved:
+                log.error("GCache Apply auto: could not save %s (%s); the next run builds it again from the saved %s.",
+                          pol_name, unsaved, os.path.basename(prof_path))
                 return
             log.info("GCache Apply auto: saved %s (K = %d of %d, forecast %s, predicted %.2fx at a measured io "
-                     "share of %.3f); the next run applies it.", name.policy_path(self.folder), pol.n_computed,
+                     "share of %.3f); the next run applies it.", pol_name, pol.n_computed,
                      pol.n_steps, pol.forecast, pol.metrics["predicted_speedup"], pol.metrics["io_share"])
         run.on_close.append(finish)
         return run
 
-    def _readable(self, path: str, load):
-        """The file at `path` loaded, or None when there is none; a damaged one is set aside (and None)."""
+    def _readable(self, path: str, load, notes: list[str]):
+        """The file at `path` loaded, or None when there is none; a damaged one is set aside (and None), with a
+        note. What happens instead is the caller's to say."""
         if not os.path.isfile(path):
             return None
         try:
             return load(path)
         except GCacheError as e:
-            side = artifacts.set_aside(path)
-            log.warning("GCache Apply auto: %s can't be read (%s); it was moved to %s and is made again.",
-                        os.path.basename(path), e, os.path.basename(side))
+            notes.append(f"{os.path.basename(path)} can't be read ({e}); {_set_aside(path, 'damaged')}")
             return None
 
-    def searched(self, name: artifacts.AutoName) -> Optional[Policy]:
-        """A policy GCache Search found for this model, steps and scheduler at the K this speed-up asks for."""
+    def _save(self, pol: Policy, path: str) -> Optional[str]:
+        """Saves `pol`; why it could not be (None: saved)."""
+        try:
+            pol.save(path)
+        except OSError as e:
+            blocked = cant_write(self.folder)
+            return f"{blocked}; {FOLDER_FIX}" if blocked else (e.strerror or str(e))
+        return None
+
+    def searched(self, name: artifacts.AutoName, notes: list[str]) -> tuple[Optional[Policy], str]:
+        """The policy GCache Search found for this model, step count and scheduler that meets this speed-up, and
+        how it is applied; else (None, "") with, in `notes`, why each searched policy is not applied.
+
+        A searched policy meets the target when it computes no more steps than the instant policy auto would make
+        for it (K ≤ k_for_speedup at the policy's own measured io share), i.e. it predicts at least that speed-up."""
         if not os.path.isdir(self.folder):
-            return None
+            return None, ""
         head = name.stem + "_K"
+        meets, why_not = [], []
         for f in sorted(os.listdir(self.folder)):
             if not (f.startswith(head) and f.endswith("_searched.json")):
                 continue
-            pol = self._readable(os.path.join(self.folder, f), artifacts.read_policy)
-            if pol is None or (self.forecast is not None and pol.forecast != self.forecast):
+            pol = self._readable(os.path.join(self.folder, f), artifacts.read_policy, notes)
+            if pol is None:
                 continue
-            io_share = float(pol.metrics.get("io_share", self.io_share))
-            if pol.n_steps == name.n_steps and pol.n_computed == k_for_speedup(pol.n_steps, self.speedup, io_share):
-                return pol
-        return None
+            io_share = pol.metrics.get("io_share")
+            io_share = float(io_share) if isinstance(io_share, (int, float)) and 0 <= io_share < 1 else self.io_share
+            k_most = k_for_speedup(name.n_steps, self.speedup, io_share)
+            if pol.n_steps != name.n_steps:
+                why_not.append(f"{f} has {pol.n_steps} steps, not {name.n_steps}")
+            elif self.forecast is not None and pol.forecast != self.forecast:
+                why_not.append(f"{f} (K = {pol.n_computed}) forecasts with {pol.forecast}; the forecast input asks "
+                               f"for {self.forecast}")
+            elif pol.n_computed > k_most:
+                why_not.append(f"{f} (K = {pol.n_computed}) predicts {pol.predicted_speedup(io_share):.2f}x, less than "
+                               f"the {self.speedup:g}x target asks for (K ≤ {k_most}, "
+                               f"{predicted_speedup(name.n_steps, k_most, io_share):.2f}x)")
+            else:
+                meets.append((pol, f, io_share, k_most))
+        if meets:
+            # When several meet the target, the one that computes the most steps: the user asked for this speed-up,
+            # not for more, and every step computed instead of skipped gives an image closer to the full run.
+            pol, f, io_share, k_most = max(meets, key=lambda m: m[0].n_computed)
+            return pol, (f"applying the policy GCache Search found ({pol.provenance.get('won', 'searched')}, "
+                         f"K = {pol.n_computed}, {f}) instead of the instant one: it predicts "
+                         f"{pol.predicted_speedup(io_share):.2f}x and the {self.speedup:g}x target asks for "
+                         f"K ≤ {k_most}")
+        if why_not:
+            notes.append("not applying the policy GCache Search found: " + "; ".join(why_not))
+        return None, ""
 
-    def find_policy(self, name: artifacts.AutoName) -> tuple[Optional[Policy], str]:
+    def find_policy(self, name: artifacts.AutoName, notes: list[str]) -> tuple[Optional[Policy], str]:
+        """The policy this run applies and how it was found (None: this run must profile); what was found on the
+        way (damaged files set aside, searched policies not applied) goes to `notes`."""
         path, prof_path = name.policy_path(self.folder), name.profile_path(self.folder)
-        found = self.searched(name)
+        found, how = self.searched(name, notes)
         if found is not None:
-            return found, (f"applying the policy GCache Search found ({found.provenance.get('won', 'searched')}, "
-                           f"K = {found.n_computed}) instead of the instant one")
-        pol = self._readable(path, artifacts.read_policy) if self.forecast is None else None
+            return found, how
+        pol = self._readable(path, artifacts.read_policy, notes) if self.forecast is None else None
         version = _auto_version(pol)
         if pol is not None and version >= AUTO_VERSION:
             return pol, f"applying {os.path.basename(path)} (forecast {pol.forecast})"
-        prof = self._readable(prof_path, Profile.load)
+        prof = self._readable(prof_path, Profile.load, notes)
+        dropped = None  # this step count's policy, refused below: not remapped onto its own step count either
         if prof is not None and prof.defect:
-            side = artifacts.set_aside(prof_path, "defective")
-            log.warning("GCache Apply auto: %s: %s It was moved to %s; this run profiles again.",
-                        os.path.basename(prof_path), prof.defect, os.path.basename(side))
+            aside = _set_aside(prof_path, "defective")
+            notes.append(f"{os.path.basename(prof_path)}: {prof.defect} {aside[0].upper()}{aside[1:]}")
             prof = None
             if pol is not None:
-                log.warning("GCache Apply auto: %s was built from that profile; it is made again after this run.",
-                            os.path.basename(path))
-                pol = None
+                notes.append(f"{os.path.basename(path)} was built from that profile and is not applied")
+                pol, dropped = None, path
         if pol is not None and version == 2 and prof is None:
-            log.warning("GCache Apply auto: %s was built from a profile that may hold a squared E (GCache before "
-                        "profile format 2) and that profile is gone; this run profiles again.", os.path.basename(path))
-            pol = None
+            notes.append(f"{os.path.basename(path)} was built from a profile that may hold a squared E (GCache "
+                         "before profile format 2) and that profile is gone: it is not applied")
+            pol, dropped = None, path
         if prof is not None and prof.count > 0 and (pol is None or prof.has_fit_stats()):
             made = self.build(name, prof)
+            if self.forecast is not None:
+                return made, (f"built for the forecast input ({self.forecast}), not saved, {os.path.basename(path)} "
+                              f"from the saved {os.path.basename(prof_path)}")
+            unsaved = self._save(made, path)
+            saved = "" if unsaved is None else f" (not saved: {unsaved})"
             if pol is not None:
                 why = "made before auto forecasting" if version < 2 else f"made by an older auto (version {version})"
-                return made, (f"rebuilt {os.path.basename(path)}, {why}, from the saved "
+                return made, (f"rebuilt {os.path.basename(path)}{saved}, {why}, from the saved "
                               f"{os.path.basename(prof_path)} (forecast {made.forecast})")
-            how = "built" if self.forecast is None else f"built for the forecast input ({self.forecast}), not saved,"
-            return made, f"{how} {os.path.basename(path)} from the saved {os.path.basename(prof_path)}"
+            return made, f"built {os.path.basename(path)}{saved} from the saved {os.path.basename(prof_path)}"
         if pol is not None:  # made before auto forecasting, and its profile can't forecast: it keeps working as it is
             return pol, (f"applying {os.path.basename(path)}, made before auto forecasting (forecast {pol.forecast}); "
                          f"delete it and {os.path.basename(prof_path)} to have auto profile again and forecast")
@@ -179,17 +244,23 @@ class AutoConfig(RunConfig):
             counts = name.policy_step_counts(os.listdir(self.folder)) if os.path.isdir(self.folder) else []
             for n in sorted(counts, key=lambda c: (abs(c - name.n_steps), c)):
                 other = name.with_steps(n).policy_path(self.folder)
-                pol = self._readable(other, artifacts.read_policy)
+                if other == dropped:
+                    continue
+                pol = self._readable(other, artifacts.read_policy, notes)
                 if pol is not None and _auto_version(pol) == 2:  # maybe from a squared E: not remapped
                     log.info("GCache Apply auto: not remapping %s (made by auto version 2, from a profile that may "
                              "hold a squared E).", os.path.basename(other))
+                elif pol is not None and n == name.n_steps:  # only with the forecast input: no profile to build from
+                    return pol, (f"applying {os.path.basename(other)} with the forecast input ({self.forecast}): "
+                                 f"{os.path.basename(prof_path)} is missing, so no policy can be built for it")
                 elif pol is not None:
                     return pol, f"remapping {os.path.basename(other)} to {name.n_steps} steps"
         return None, ""
 
     def build(self, name: artifacts.AutoName, profile: Profile) -> Policy:
-        """The best instant policy for the profile (saved unless Apply's forecast input chose the forecaster)."""
-        from ..search.instant import choose_forecaster, instant_policy  # search/ is needed once a policy is made
+        """The best instant policy for the profile (not saved here: the caller saves it unless Apply's forecast
+        input chose the forecaster)."""
+        from ..search.instant import FEW_STEPS, choose_forecaster, instant_policy  # search/ once a policy is made
         io_share = profile.io_share  # measured while profiling
         k = k_for_speedup(profile.n_steps, self.speedup, io_share)
         why = out_of_reach(profile.n_steps, self.speedup, io_share)
@@ -207,11 +278,28 @@ class AutoConfig(RunConfig):
                                   "forecaster": "Apply's forecast input" if self.forecast is not None else
                                   "lowest held-out bound of the profile"}
         if scores:
-            log.info("GCache Apply auto: forecast %s for K = %d (held-out bounds: %s).", fc, k,
-                     ", ".join(f"{n} {v:.4g}" for n, v in scores.items()))
-        if self.forecast is None:
-            pol.save(name.policy_path(self.folder))
+            lowest = min(scores, key=lambda n: (scores[n], n != fc))  # on a tie, the forecaster auto took
+            rule = "" if lowest == fc or profile.n_steps > FEW_STEPS else (
+                f"; the bound favours {lowest}, but at {FEW_STEPS} steps or fewer auto forecasts with {fc}: there the "
+                f"bound ranks forecasters wrongly (measured on the reference model, search/instant.py FEW_STEPS)")
+            if rule:
+                pol.provenance["auto"]["forecaster"] = f"reuse at {FEW_STEPS} steps or fewer"
+            log.info("GCache Apply auto: forecast %s for K = %d (held-out bounds: %s%s).", fc, k,
+                     ", ".join(f"{n} {v:.4g}" for n, v in scores.items()), rule)
         return pol
+
+
+def _say(notes: list[str], how: str, level: int = logging.INFO) -> None:
+    """One log line: what this run found on the way, then what it does (a warning when it found something)."""
+    log.log(max(level, logging.WARNING) if notes else level, "GCache Apply auto: %s", "; ".join(notes + [how]))
+
+
+def _set_aside(path: str, tag: str) -> str:
+    """Moves a file auto can't use out of the way (kept, renamed beside it) and says where, or why it stays."""
+    try:
+        return f"it was moved to {os.path.basename(artifacts.set_aside(path, tag))}"
+    except OSError as e:
+        return f"it could not be moved aside ({e.strerror or e}) and is left as it is"
 
 
 def _auto_version(pol: Optional[Policy]) -> int:

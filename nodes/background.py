@@ -13,8 +13,9 @@ ComfyUI sends a prompt's events (progress on the node included) to the client th
 
 Jobs is the one owner of the searches this ComfyUI process runs: status for the frontend panel (web/gcache.js) over
 GET /gcache/searches and the "gcache.search" event, Cancel (POST /gcache/searches/{id}/cancel: the search ends, its
-state file is kept), and the reference images kept between slices. A server that was killed lists its unfinished
-state files as paused; queueing GCache Search again resumes them.
+state file is kept), and the reference images kept between slices. A foreground search (mode "foreground": one prompt
+searches until done) is listed too, as running in the foreground; Cancel stops it after the evaluation in progress.
+A server that was killed lists its unfinished state files as paused; queueing GCache Search again resumes them.
 """
 from __future__ import annotations
 
@@ -52,12 +53,13 @@ class Job:
     refs_key: str = ""               # what the references were sampled from (a changed prompt samples them again)
     queued_prompt: Optional[str] = None
     client_id: Optional[str] = None  # who queued the search: each slice's progress goes to that client
+    mode: str = "background"         # "foreground": one prompt searches until done (no slices; see search_node.py)
     updated: float = field(default_factory=time.time)
 
     def public(self) -> dict:
         return {"id": self.id, "status": self.status, "evaluations": self.evaluations, "budget": self.budget,
                 "best_loss": self.best_loss, "message": file_names(self.message),
-                "state_file": os.path.basename(self.state_path),
+                "state_file": os.path.basename(self.state_path), "mode": self.mode,
                 "updated": round(self.updated, 3)}
 
 
@@ -82,10 +84,13 @@ class Jobs:
         _send(job.public())
 
     def cancel(self, job_id: str) -> Optional[Job]:
+        """Cancel a search: a background one ends (no more slices); a foreground one stops after the evaluation in
+        progress and its prompt goes on with the best policy so far. Its state file is kept either way."""
         job = self._jobs.get(job_id)
         if job is not None and job.status not in ("done", "failed"):
-            self.update(job, status="cancelled", message="cancelled; its state file is kept: queue GCache Search again "
-                                                         "to resume", refs=None)
+            then = " (the prompt goes on with the best policy so far)" if job.mode == "foreground" else ""
+            self.update(job, status="cancelled", message=f"cancelled{then}; its state file is kept: queue GCache "
+                                                         "Search again to resume", refs=None)
         return job
 
     def listing(self, folders: list[str]) -> list[dict]:

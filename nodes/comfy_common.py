@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 import numpy as np
 import torch
@@ -9,6 +10,7 @@ import torch
 import folder_paths
 from comfy_api.latest import io
 
+from ..core import files
 from ..core.errors import GCacheError
 from . import artifacts
 
@@ -33,8 +35,22 @@ def folder() -> str:
     """Where GCache writes: the first models/gcache folder (created on demand)."""
     register_folder()
     path = folder_paths.get_folder_paths(FOLDER)[0]
-    os.makedirs(path, exist_ok=True)
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:  # the node that writes there says so, with what to do (cant_write), not a raw PermissionError
+        pass
     return path
+
+
+# what a user can do about a gcache folder GCache can't write in
+FOLDER_FIX = ("make it writable for the user ComfyUI runs as, or give a writable folder as `gcache` in "
+              "extra_model_paths.yaml (with is_default: true, so that GCache writes there)")
+
+
+def cant_write(path: str) -> Optional[str]:
+    """"the gcache folder <path> can't be written (<reason>)" when no file can be saved in `path`, else None."""
+    why = files.unwritable(path)
+    return None if why is None else f"the gcache folder {path} can't be written ({why})"
 
 
 def all_folders() -> list[str]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 from comfy_api.latest import io
@@ -71,20 +72,16 @@ class GCachePolicy(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, budget, method):  # named only: **kwargs would turn off ComfyUI's other checks
-        try:
-            cc.check_choice("budget", budget, BUDGETS)
-            cc.check_choice("method", method, METHODS)
-        except GCacheError as e:
-            return str(e)
-        return True
-
-    @classmethod
     def execute(cls, profile, budget, speedup, k, method, bernstein_s, save_name, forecast="reuse (0)") -> io.NodeOutput:
         cc.check_choice("budget", budget, BUDGETS)
         cc.check_choice("method", method, METHODS)
         cc.check_choice("forecast", forecast, list(cc.FORECAST))
         profile.require_clean("GCache Policy")
+        path = artifacts.policy_path(cc.folder(), safe_name(save_name, "policy name")) if save_name.strip() else None
+        blocked = cc.cant_write(os.path.dirname(path)) if path else None
+        if blocked:  # said before anything is made, and never as a PermissionError naming a temporary file
+            raise GCacheError(f"GCache Policy can't save {os.path.basename(path)}: {blocked}. To fix it, "
+                              f"{cc.FOLDER_FIX}; or empty save_name to use the policy without saving it.")
         t0 = time.perf_counter()
         kk = budget_k(profile, budget, k, speedup)
         note = few_computed(profile.n_steps, kk)
@@ -97,10 +94,13 @@ class GCachePolicy(io.ComfyNode):
         ms = (time.perf_counter() - t0) * 1e3
         log.info("GCache Policy: %s, K = %d of %d, predicted speed-up %.2fx (io share %.3f), %.1f ms: %s", method, kk,
                  profile.n_steps, policy.metrics["predicted_speedup"], io_share, ms, policy.describe())
-        if save_name.strip():
-            path = artifacts.policy_path(cc.folder(), safe_name(save_name, "policy name"))
-            policy.save(path)
-            log.info("GCache Policy: saved %s", path)
+        if path:
+            try:
+                policy.save(path)
+            except OSError as e:  # the folder changed since the check above (or a full disk)
+                raise GCacheError(f"GCache Policy could not save {os.path.basename(path)} ({e.strerror or e}): "
+                                  "empty save_name to use the policy without saving it.") from None
+            log.info("GCache Policy: saved %s", os.path.basename(path))
         image = plot_policy(policy, propagation_weights(profile, method, s),
                             f"w_j per step ({method}), K = {kk} of {profile.n_steps}, predicted "
                             f"{policy.metrics['predicted_speedup']:.2f}x")

@@ -11,6 +11,7 @@ from ..core.engine import CacheStats, ResidualCache, format_bytes
 from ..core.errors import GCacheError
 from ..core.profile import Profile, ProfileRecorder
 from . import artifacts
+from .comfy_common import FOLDER_FIX, cant_write
 from .run_config import RunConfig, where_run
 from .runtime import RunState
 from .steps import Schedule
@@ -77,19 +78,25 @@ class ProfileConfig(RunConfig):
     profile_path: str = ""
     history_device: Optional[str] = None
     forecast: bool = False           # also record E1 (the order-1 forecast errors) for forecast policies
+    # told why, when a finished run is not added to the file (GCache Search names the cause, not just "no profile")
+    on_not_added: Optional[Callable[[str], None]] = None
 
     def check_file(self) -> Optional[Profile]:
         """The profile already in the file (None if there is none); a damaged file stops here, before any
         sampling, with what to do."""
+        name = os.path.basename(self.profile_path)
         try:
             old = artifacts.load_profile_opt(self.profile_path)
         except GCacheError as e:
-            raise GCacheError(f"{e} (profile file {self.profile_path}; GCache Profile adds to it, so it must be "
-                              "readable before sampling starts)") from None
+            raise GCacheError(f"{e} (profile file {name}; GCache Profile adds to it, so it must be readable before "
+                              "sampling starts)") from None
         if old is not None and old.defect:  # new runs can't be added to it (Profile.merge refuses the mix)
-            raise GCacheError(f"{self.profile_path}: {old.defect} GCache Profile adds new runs to this file and "
-                              "can't mix them with it: delete or rename it (or use another profile name) and "
-                              "profile again.")
+            raise GCacheError(f"{name}: {old.defect} GCache Profile adds new runs to this file and can't mix them "
+                              "with it: delete or rename it (or use another profile name) and profile again.")
+        blocked = cant_write(os.path.dirname(os.path.abspath(self.profile_path)))
+        if blocked:  # found now, not after sampling
+            raise GCacheError(f"GCache Profile can't add runs to {name}: {blocked}. Nothing was sampled: "
+                              f"{FOLDER_FIX}, or take GCache Profile out of the workflow to sample without profiling.")
         return old
 
     def start_run(self, patcher, run_sigmas: list[float], sample_key: Callable[[], str]) -> RunState:
@@ -116,14 +123,18 @@ class ProfileConfig(RunConfig):
                          "it is sampled but not added again.", os.path.basename(path))
                 recorder = None
 
+        def not_added(why: str) -> None:
+            if self.on_not_added is not None:
+                self.on_not_added(why)
+
         def finish(run: RunState, stats: CacheStats, ok: bool):
             self.warn_if_unpatched(run, stats)
             if not ok:
                 log.info("GCache Profile: sampling did not finish; nothing was added.")
-                return
+                return not_added("sampling did not finish")
             if run.disabled is not None:
                 log.info("GCache Profile: this run recorded nothing (%s); nothing was added.", run.disabled)
-                return
+                return not_added(f"the run recorded nothing: {run.disabled}")
             timed = stats.io_time()  # the block stack against whole steps: the measured io share
             if timed is not None and recorder is not None:
                 old_t = recorder.meta.get("io_time") or {"stack": 0.0, "call": 0.0}
@@ -139,35 +150,42 @@ class ProfileConfig(RunConfig):
             prof = recorder.finish()
             if prof.count == 0:
                 log.warning("GCache Profile: no branch recorded every step; nothing was added.")
-                return
+                return not_added("no branch recorded every step")
             prof.meta["sample_keys"] = [key]
-            self._add(prof, sched)
+            why = self._add(prof, sched)
+            if why:
+                not_added(why)
 
         return RunState(lambda: ResidualCache(None, recorder=recorder), tracker, self.owner, on_close=finish)
 
-    def _add(self, prof: Profile, sched: Schedule) -> bool:
+    def _add(self, prof: Profile, sched: Schedule) -> Optional[str]:
         """Merge into the file. A file damaged or replaced during sampling, or a folder that cannot be written,
         must not cost the user the image: the run goes to a file of its own if it can, and the log says what
-        happened. Returns whether the run is in the profile file."""
+        happened. Returns why the run is not in the profile file (None: it is)."""
+        name = os.path.basename(self.profile_path)
         try:
             total = artifacts.merge_into_file(self.profile_path, prof)
         except (GCacheError, OSError) as e:
+            why = (e.strerror or str(e)) if isinstance(e, OSError) else str(e)
+            blocked = cant_write(os.path.dirname(os.path.abspath(self.profile_path)))
+            if blocked:
+                why = f"{blocked}; {FOLDER_FIX}"
             try:
                 side = artifacts.unique_beside(self.profile_path, "unmerged")
                 prof.save(side)
-                where = f"The run was saved as {side} instead."
+                where = f"The run was saved as {os.path.basename(side)} instead."
             except OSError as e2:
-                where = f"It could not be saved beside it either ({e2}); it is lost, the image is not."
-            log.error("GCache Profile: could not add this run to %s (%s). %s", self.profile_path, e, where)
-            return False
+                where = f"It could not be saved beside it either ({e2.strerror or e2}); it is lost, the image is not."
+            log.error("GCache Profile: could not add this run to %s (%s). %s", name, why, where)
+            return f"could not add the run to {name} ({why})"
         log.info("GCache Profile: added %d sample(s) over %s to %s (%d runs in total).", prof.count,
-                 sched.where(), self.profile_path, int(total.meta.get("runs", 0)))
-        return True
+                 sched.where(), name, int(total.meta.get("runs", 0)))
+        return None
 
 
-def profile_config(model, profile_path: str, history_device: Optional[str] = None,
-                   forecast: bool = False) -> ProfileConfig:
+def profile_config(model, profile_path: str, history_device: Optional[str] = None, forecast: bool = False,
+                   on_not_added: Optional[Callable[[str], None]] = None) -> ProfileConfig:
     cfg = ProfileConfig(**RunConfig.describe(model.get_model_object("diffusion_model")), profile_path=profile_path,
-                        history_device=history_device, forecast=forecast)
+                        history_device=history_device, forecast=forecast, on_not_added=on_not_added)
     cfg.check_file()
     return cfg

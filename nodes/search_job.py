@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import comfy.model_management
@@ -15,14 +15,15 @@ import comfy.utils
 
 from ..core import forecasters
 from ..core.errors import GCacheError
-from ..core.policy import Policy
+from ..core.policy import Policy, predicted_speedup
 from ..core.profile import Profile
 from ..search.bilevel import SearchConfig, SearchInterrupted, SearchResult, run_search
 from ..search.objectives import make_objective
-from ..search.state import load_state
+from ..search.state import check_state, load_state
 from . import artifacts, hooks
 from .apply_mode import apply_config
 from .auto_mode import auto_name
+from .comfy_common import FOLDER_FIX, cant_write
 from .content_hash import content_hash
 from .profile_mode import profile_config
 from .sampling import decode, sample
@@ -47,6 +48,7 @@ class SearchJob:
     folder: str
     name: str
     profile: Optional[Profile] = None   # connected; else the reference runs are profiled
+    not_recorded: list = field(default_factory=list)  # why a reference run was not added to the search's profile
 
     @property
     def state_path(self) -> str:
@@ -72,17 +74,30 @@ class SearchJob:
         return decode(self.vae, sample(m, seed, self.steps, self.cfg, self.sampler_name, self.scheduler,
                                        self.positive, self.negative, self.latent))
 
+    # ---------------------------------------------------------------- before any sampling
+    def check_files(self) -> None:
+        """What would otherwise stop the search after its reference runs, found before any sampling (and before a
+        profile is written): a gcache folder that can't be written, a damaged state file, or one of another
+        search (its config or references; its profile is compared once it exists)."""
+        blocked = cant_write(self.folder)
+        if blocked:
+            raise GCacheError(f"GCache Search can't keep its state file and policy: {blocked}. Nothing was sampled: "
+                              f"{FOLDER_FIX}, then queue GCache Search again.")
+        check_state(self.state_path, self.config, self.provenance())
+
     # ---------------------------------------------------------------- references and profile
     def references(self, tick: Callable[[], None] = lambda: None) -> list:
         """The full-compute images of the seeds; they are also the profile when none is connected, recorded through
         the same file path GCache Profile uses (<name>.search.profile.safetensors)."""
         record = self.profile is None and not (os.path.isfile(self.state_path) and os.path.isfile(self.own_profile))
         ref_model = self.model
+        self.not_recorded.clear()
         if record:
             if os.path.isfile(self.own_profile):
                 os.remove(self.own_profile)  # left by a search whose state is gone: it is recorded again now
-            ref_model = hooks.patch_model(self.model, profile_config(self.model, self.own_profile,
-                                                                     forecast=self.config.forecast != "reuse"))
+            ref_model = hooks.patch_model(self.model, profile_config(
+                self.model, self.own_profile, forecast=self.config.forecast != "reuse",
+                on_not_added=self.not_recorded.append))
         refs = []
         for s in self.seeds:
             refs.append(self.run(ref_model, s))
@@ -99,14 +114,19 @@ class SearchJob:
     def load_profile(self) -> Profile:
         self.check_profile()
         profile = self.profile
+        own = os.path.basename(self.own_profile)
         if profile is None:
             if not os.path.isfile(self.own_profile):
-                raise GCacheError("The reference runs recorded no profile (was sampling interrupted?).")
+                why = "; ".join(dict.fromkeys(self.not_recorded)) or \
+                    "none of them finished (was sampling interrupted?)"
+                raise GCacheError(f"The reference runs recorded no profile ({own}): {why}. Nothing was searched; "
+                                  "queue GCache Search again once that is fixed.")
             profile = Profile.load(self.own_profile)
             if profile.defect:
-                raise GCacheError(f"GCache Search can't use {self.own_profile}, the profile of its reference runs. "
-                                  f"{profile.defect} Delete it and {self.state_path} (the search started from "
-                                  "it), then queue GCache Search again: it profiles its reference runs again.")
+                raise GCacheError(f"GCache Search can't use {own}, the profile of its reference runs. "
+                                  f"{profile.defect} Delete it and {os.path.basename(self.state_path)} (the search "
+                                  "started from it), then queue GCache Search again: it profiles its reference runs "
+                                  "again.")
         if profile.n_steps != self.steps:
             raise GCacheError(f"The profile has {profile.n_steps} steps but steps = {self.steps}: set steps to "
                               f"{profile.n_steps} or profile this step count.")
@@ -143,10 +163,11 @@ class SearchJob:
             if name is not None:
                 path = name.searched_path(self.folder, policy.n_computed)
                 policy.save(path)
-                log.info("GCache Search: GCache Apply (auto) on this model, %d steps and %s uses it from now on at "
-                         "K = %d (%s).", self.steps, self.scheduler, policy.n_computed, os.path.basename(path))
+                log.info("GCache Search: GCache Apply (auto) on this model, %d steps and %s applies it (%s) %s.",
+                         self.steps, self.scheduler, os.path.basename(path), _auto_takes(policy))
         except (GCacheError, OSError, RuntimeError) as e:  # the search's own policy is saved: say, don't fail
-            log.warning("GCache Search: could not save the policy for GCache Apply (auto) too (%s).", e)
+            why = (e.strerror or e) if isinstance(e, OSError) else e  # an OSError's text repeats a server path
+            log.warning("GCache Search: could not save the policy for GCache Apply (auto) too (%s).", why)
         return policy
 
     def trims(self) -> bool:
@@ -169,6 +190,16 @@ class SearchJob:
                       method="gcache (in progress)", forecast=fc.name, forecast_params=fc.fit(profile, mask),
                       provenance={"search": f"best of {len(hist)} of {self.config.budget} evaluations so far"},
                       metrics={"loss": best["loss"], "objective": self.config.objective})
+
+
+def _auto_takes(policy: Policy) -> str:
+    """At which auto_speedup GCache Apply (auto) applies a searched policy: wherever its own policy would compute
+    as many steps or more (AutoConfig.searched), i.e. any target below the predicted speed-up of one step less."""
+    if policy.n_computed <= 1:
+        return "at any auto_speedup"
+    io_share = float(policy.metrics["io_share"])
+    return (f"at any auto_speedup below {predicted_speedup(policy.n_steps, policy.n_computed - 1, io_share):.2f}x "
+            f"(where auto's own policy would compute K = {policy.n_computed} steps or more)")
 
 
 def run_slice(job: SearchJob, profile: Profile, refs: list, seconds: float, cancelled: Callable[[], bool],

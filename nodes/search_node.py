@@ -106,11 +106,18 @@ class GCacheSearch(io.ComfyNode):
         hidden = getattr(cls, "hidden", None)
         prompt, node_id = getattr(hidden, "prompt", None), getattr(hidden, "unique_id", None)
         slice_of = background.marker(prompt, node_id)
+        try:
+            job.check_files()  # an unwritable folder, a damaged state file or another search's: before any sampling
+        except GCacheError as e:
+            bg = background.JOBS.get(slice_of) if slice_of is not None else None
+            if bg is not None and bg.mode == "background" and bg.status in ("queued", "running"):
+                background.JOBS.update(bg, status="failed", message=str(e), refs=None)  # the tab says why it ended
+            raise
         if slice_of is not None:
             return _slice(job, slice_of, slice_seconds)
         if mode == "background" and prompt is not None and node_id is not None:
             return _start(job, prompt, node_id, slice_seconds)
-        return _foreground(job)
+        return _foreground(job, node_id)
 
 
 def _finished(job: SearchJob) -> io.NodeOutput:
@@ -121,19 +128,56 @@ def _finished(job: SearchJob) -> io.NodeOutput:
     return io.NodeOutput(policy, cc.pil_to_image(plot_search(result, [float(t) for t in profile.times])))
 
 
-def _foreground(job: SearchJob) -> io.NodeOutput:
-    if (_state(job) or {}).get("done"):
+def _foreground(job: SearchJob, node_id=None) -> io.NodeOutput:
+    """The whole search inside this prompt. The GCache tab lists it as running in the foreground; its Cancel stops
+    the search after the evaluation in progress, and the prompt goes on with the best policy so far (the state file
+    is kept, as for a background search)."""
+    state = _state(job)
+    if (state or {}).get("done"):
         return _finished(job)
-    refs = job.references(_reference_progress(len(job.seeds)))
-    profile = job.load_profile()
-    bar = _evaluation_progress(job.config.budget, len((_state(job) or {}).get("history") or []))
+    done = len((state or {}).get("history") or [])
+    fg = background.JOBS.put(background.Job(
+        job.name, job.state_path, job.config.budget, str(node_id or ""), {}, status="running",
+        message="running in the foreground (this prompt): the reference runs", evaluations=done,
+        client_id=background.current_client(), mode="foreground"))
     try:
-        result = job.search(profile, refs, comfy.model_management.processing_interrupted,
-                            lambda info: bar(info.get("iteration", 0)))
-    except SearchInterrupted:
-        comfy.model_management.throw_exception_if_processing_interrupted()  # ComfyUI's own Interrupt
+        refs = job.references(_reference_progress(len(job.seeds)))
+        profile = job.load_profile()
+        background.JOBS.update(fg, message="running in the foreground (this prompt): evaluating")
+        bar = _evaluation_progress(job.config.budget, done)
+
+        def progress(info):
+            best = info.get("best_loss")
+            background.JOBS.update(fg, evaluations=int(info.get("iteration", fg.evaluations)),
+                                   best_loss=fg.best_loss if best is None else float(best))
+            bar(info.get("iteration", 0))
+
+        def should_stop() -> bool:
+            return comfy.model_management.processing_interrupted() or fg.status == "cancelled"
+
+        try:
+            result = job.search(profile, refs, should_stop, progress)
+        except SearchInterrupted:
+            comfy.model_management.throw_exception_if_processing_interrupted()  # ComfyUI's own Interrupt
+            if fg.status != "cancelled":
+                raise
+            log.info("GCache Search %s: cancelled after %d of %d evaluations; the state file is kept (queue it again "
+                     "to resume) and the prompt goes on with the best policy so far.", job.name, fg.evaluations,
+                     job.config.budget)
+            background.JOBS.update(fg, message=f"cancelled after {fg.evaluations} of {fg.budget} evaluations; the "
+                                               "prompt went on with the best policy so far; its state file is kept: "
+                                               "queue GCache Search again to resume")
+            return _report(job, profile, fg)
+        policy = job.finish(result, profile)
+    except comfy.model_management.InterruptProcessingException:  # a BaseException in 0.33
+        background.JOBS.update(fg, status="paused", message="interrupted: queue GCache Search again to resume")
         raise
-    policy = job.finish(result, profile)
+    except Exception as e:
+        if fg.status != "cancelled":
+            background.JOBS.update(fg, status="failed", message=str(e))
+        raise
+    background.JOBS.update(fg, status="done", evaluations=len(result.history),
+                           best_loss=float(policy.metrics["loss"]), message=f"done: {job.name}.json saved")
     return io.NodeOutput(policy, cc.pil_to_image(plot_search(result, [float(t) for t in profile.times])))
 
 
@@ -182,6 +226,8 @@ def _start(job: SearchJob, prompt: dict, node_id: str, slice_seconds: int) -> io
 def _slice(job: SearchJob, job_id: str, seconds: int) -> io.NodeOutput:
     """A slice prompt: evaluations for `seconds`, then the next slice (or the end)."""
     bg = background.JOBS.get(job_id)
+    if bg is not None and bg.mode != "background":  # the same name was searched in the foreground since
+        bg = None
     if bg is None or bg.status in ("cancelled", "done", "failed"):
         log.info("GCache Search %s: %s; this slice does nothing.", job_id, "not running" if bg is None else bg.status)
         profile = job.load_profile() if bg is not None else None

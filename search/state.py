@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
+from ..core import forecasters
 from ..core.errors import GCacheError
 from ..core.files import atomic_write_text
 from ..core.profile import Profile
@@ -114,21 +115,57 @@ def _check(state: dict) -> None:
         raise ValueError("bad search id ('fingerprint')")
 
 
-def _differences(state: dict, config: "SearchConfig", prof_id: dict, provenance: dict) -> str:
-    """What differs between a state file's search and this one, in words."""
-    old_cfg, new_cfg = dict(state.get("config") or {}), config.identity()
+def _config_differences(state: dict, config: "SearchConfig", provenance: dict) -> list[str]:
+    """What differs, in words, between a state file's search and this one in config and provenance (the profile
+    aside). Forecasters compare by name: a state file may hold an order (0/1/2), the config a name."""
+    old_cfg, new_cfg = dict(state.get("config") or {}), asdict(config)
+    new_cfg.pop("budget")  # a larger budget continues a search
+    for cfg in (old_cfg, new_cfg):
+        if "forecast" in cfg:
+            cfg["forecast"] = _forecaster_name(cfg["forecast"])
     diffs = [f"{k}: file {old_cfg.get(k)!r}, now {v!r}" for k, v in new_cfg.items() if old_cfg.get(k) != v]
-    old_prof = state.get("profile") or {}
-    if old_prof.get("n_steps") != prof_id["n_steps"]:
-        diffs.append(f"profile steps N: file {old_prof.get('n_steps')}, now {prof_id['n_steps']}")
-    elif old_prof.get("sha256") != prof_id["sha256"]:
-        diffs.append(f"profile: file {old_prof.get('sha256')}, now {prof_id['sha256']} (another profile of the same N)")
     old_prov = state.get("provenance") or {}
     if old_prov != provenance:
         keys = sorted(k for k in set(old_prov) | set(provenance) if old_prov.get(k) != provenance.get(k))
         diffs.append("provenance differs in " + ", ".join(keys)
                      + (" (another ComfyUI workflow)" if "workflow_sha256" in keys else ""))
+    return diffs
+
+
+def _forecaster_name(value: Any) -> Any:
+    try:
+        return forecasters.canonical(value)
+    except (GCacheError, TypeError, ValueError):
+        return value  # not a forecaster: shown as the file has it
+
+
+def _differences(state: dict, config: "SearchConfig", prof_id: dict, provenance: dict) -> str:
+    """What differs between a state file's search and this one, in words."""
+    diffs = _config_differences(state, config, provenance)
+    old_prof = state.get("profile") or {}
+    if old_prof.get("n_steps") != prof_id["n_steps"]:
+        diffs.append(f"profile steps N: file {old_prof.get('n_steps')}, now {prof_id['n_steps']}")
+    elif old_prof.get("sha256") != prof_id["sha256"]:
+        diffs.append(f"profile: file {old_prof.get('sha256')}, now {prof_id['sha256']} (another profile of the same N)")
     return "; ".join(diffs) or "its search id differs"
+
+
+def _another_search(path: str, differences: str) -> GCacheError:
+    return GCacheError(f"{os.path.basename(path)} belongs to another search ({differences}). It was left untouched: "
+                       "use another state file name, or delete it to start over.")
+
+
+def check_state(path: Optional[str], config: "SearchConfig", provenance: dict) -> Optional[dict]:
+    """The state file at `path` read and checked before any sampling (None when there is none): a damaged one, or
+    one whose config or provenance differs from this search's, is refused as SearchState.open would refuse it
+    later. The profile can't be compared yet (it may come from the reference runs): open() does that."""
+    if not (path and os.path.exists(path)):
+        return None
+    data = load_state(path)
+    diffs = _config_differences(data, config, json.loads(json.dumps(dict(provenance or {}), default=str)))
+    if diffs:
+        raise _another_search(path, "; ".join(diffs))
+    return data
 
 
 def loss_of(raw: Any) -> tuple[float, Optional[list]]:
@@ -161,9 +198,7 @@ class SearchState:
                         "gp": {"theta": None}, "final": None, "done": False, "pending": []}, path)
         data = load_state(path)
         if data["fingerprint"] != sid:  # the search id
-            raise GCacheError(
-                f"{os.path.basename(path)} belongs to another search ({_differences(data, config, prof_id, provenance)}). "
-                "It was left untouched: use another state file name, or delete it to start over.")
+            raise _another_search(path, _differences(data, config, prof_id, provenance))
         data["config"]["budget"] = config.budget
         data.setdefault("pending", [])
         if len(data["history"]) < config.budget:

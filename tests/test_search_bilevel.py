@@ -8,7 +8,7 @@ from gcache.core.errors import GCacheError
 from gcache.core.profile import Profile
 from gcache.core.weights import bernstein_w
 from gcache.search.bilevel import SearchConfig, SearchInterrupted, mask_key, run_search
-from gcache.search.state import load_state
+from gcache.search.state import check_state, load_state
 from gcache.search.dp import mask_cost
 
 N = 14
@@ -144,6 +144,32 @@ def test_different_config_or_profile_is_refused_and_file_kept(tmp_path):
     with pytest.raises(GCacheError, match="another search"):
         run_search(prof, SearchConfig(**CFG), Evaluator(prof), state_path=path, provenance={"seeds": [9]})
     assert _unchanged(path, before)
+
+
+def test_another_search_is_named_by_what_differs_only(tmp_path):
+    """The forecaster is compared by name: a state file holds 'reuse' where the config's identity says 0 (the
+    message once read "k: file 5, now 6; forecast: file 'reuse', now 0")."""
+    prof, path, before = _partial_state(tmp_path)
+    with pytest.raises(GCacheError) as e:
+        run_search(prof, SearchConfig(**dict(CFG, k=6)), Evaluator(prof), state_path=path)
+    assert "(k: file 5, now 6)" in str(e.value) and "forecast" not in str(e.value)
+    # before any sampling (no profile yet): config and provenance, each difference once, forecasters by name
+    with pytest.raises(GCacheError) as e:
+        check_state(path, SearchConfig(**dict(CFG, k=6, forecast=1)), {})
+    assert "(k: file 5, now 6; forecast: file 'reuse', now 'linear')" in str(e.value)
+    with pytest.raises(GCacheError, match=r"another search \(provenance differs in seeds\)"):
+        check_state(path, SearchConfig(**CFG), {"seeds": [9]})
+    assert check_state(path, SearchConfig(**dict(CFG, budget=40)), {})["fingerprint"]  # a larger budget continues
+    assert check_state(str(tmp_path / "none.json"), SearchConfig(**CFG), {}) is None
+    data = json.loads(before)
+    data["config"]["forecast"] = 0  # as a GCache that stored forecast orders wrote it
+    with open(path, "w") as f:
+        json.dump(data, f)
+    assert check_state(path, SearchConfig(**CFG), {}) is not None
+    with open(path, "w") as f:
+        f.write("{")
+    with pytest.raises(GCacheError, match="s.json is unreadable or damaged"):
+        check_state(path, SearchConfig(**CFG), {})
 
 
 def test_a_state_file_of_an_earlier_version_without_pending_resumes(tmp_path):

@@ -184,6 +184,21 @@ def test_cancel_ends_the_search_and_keeps_its_state_file(server):
     assert state.is_file() and not json.loads(state.read_text())["done"]
 
 
+def test_a_foreground_search_is_listed_as_running_and_its_cancel_lets_the_prompt_finish(server):
+    """The tab once listed a running foreground search as "not running in this ComfyUI: queue … again"."""
+    pid = queue(server, search_prompt("fg_cancel", "foreground", seeds=4))
+    s = wait_for(server, "fg_cancel", lambda s: s.get("status") == "running" and s.get("evaluations", 0) >= 2,
+                 "ran two evaluations in the foreground")
+    assert s["mode"] == "foreground" and s["message"] == "running in the foreground (this prompt): evaluating", s
+    assert _post(server["url"] + "/gcache/searches/fg_cancel/cancel", {})["status"] == "cancelled"
+    assert finished(server, pid)["status"]["status_str"] == "success"  # the prompt went on with the best so far
+    s = search(server, "fg_cancel")
+    state = json.loads((server["base"] / "models" / "gcache" / "fg_cancel.search.json").read_text())
+    assert s["status"] == "cancelled" and s["evaluations"] == len(state["history"]) < BUDGET and not state["done"]
+    assert s["message"].startswith(f"cancelled after {len(state['history'])} of {BUDGET} evaluations"), s
+    assert "cancelled after" in server["log"].read_text()
+
+
 def test_a_killed_server_lists_the_search_as_paused_and_resumes_it_when_queued_again(tmp_path_factory):
     base = tmp_path_factory.mktemp("bg_kill")
     with comfy_server(base) as srv:

@@ -136,6 +136,54 @@ def test_profile_accumulates_queued_runs_once_each_then_apply_uses_the_policy(se
     assert "GCache: computed 3/6 steps, skipped 3" in server["log"].read_text()
 
 
+def _post_status(url, data) -> tuple[int, dict]:
+    """POST that returns ComfyUI's answer whatever its status (a refused prompt says why per node)."""
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(url, json.dumps(data).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_an_unknown_combo_value_is_reported_once_under_its_own_input(server):
+    """An unknown cache_device was once reported twice, the second time under step_mismatch: ComfyUI reports a
+    validate_inputs message under every input that function takes."""
+    prompt = {
+        "1": {"class_type": "GCacheTestTinyFlux", "inputs": {"seed": 0}},
+        "2": {"class_type": "GCacheTestCond", "inputs": {"tokens": 6, "dim": 32, "pooled": 24, "seed": 1}},
+        "4": {"class_type": "EmptySD3LatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}},
+        "5": {"class_type": "GCacheApply", "inputs": {"model": ["1", 0], "policy_file": "(auto)",
+                                                       "cache_device": "gpu", "step_mismatch": "remap"}},
+        "6": {"class_type": "KSampler", "inputs": {"model": ["5", 0], "seed": 3, "steps": 6, "cfg": 1.0,
+                                                   "sampler_name": "euler", "scheduler": "simple",
+                                                   "positive": ["2", 0], "negative": ["2", 0],
+                                                   "latent_image": ["4", 0], "denoise": 1.0}},
+        "7": {"class_type": "SaveLatent", "inputs": {"samples": ["6", 0], "filename_prefix": "bad_combo"}},
+    }
+    version = _get(server["url"] + "/system_stats")["system"]["comfyui_version"]
+    code, body = _post_status(server["url"] + "/prompt", {"prompt": prompt, "client_id": uuid.uuid4().hex})
+    if tuple(int(v) for v in version.split(".")[:2]) >= (0, 33):  # ComfyUI checks combo values at validation
+        assert code == 400, body
+        errors = [e for node in body["node_errors"].values() for e in node["errors"]]
+        assert [e["extra_info"]["input_name"] for e in errors] == ["cache_device"], errors
+        reports = [e["details"] for e in errors]
+    else:  # 0.3.64 does not check V3 combo values: GCache Apply refuses it when it runs, before any sampling
+        assert code == 200, body
+        pid = body["prompt_id"]
+        for _ in range(600):
+            h = _get(f"{server['url']}/history/{pid}").get(pid)
+            if h and h.get("status", {}).get("completed") is not None:
+                break
+            time.sleep(0.5)
+        reports = [m[1]["exception_message"] for m in h["status"]["messages"] if m[0] == "execution_error"]
+        assert len(reports) == 1 and reports[0].startswith("cache_device must be one of"), h["status"]
+        assert not (server["base"] / "output" / "bad_combo_00001_.latent").exists()
+    assert not any("step_mismatch" in r for r in reports), reports
+
+
 # ------------------------------------------------------------------------------ bundled workflows, queued
 # The tiny stand-ins for the workflows' loaders and encoders, and smaller sizes and budgets so they run in seconds.
 TINY_COND = {"flux": {"tokens": 6, "dim": 32, "pooled": 24}, "wan": {"tokens": 8, "dim": 4096, "pooled": 0}}

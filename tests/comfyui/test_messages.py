@@ -1,0 +1,375 @@
+"""Messages that tell the truth, inside real ComfyUI: every "saved X" is logged once X exists, every message names the
+real cause and the action really taken, damaged or foreign files stop a node before any sampling, a gcache folder
+that can't be written is said once, at every node that writes there, and a foreground search is listed as running."""
+import json
+import logging
+import os
+import re
+import subprocess
+
+import pytest
+
+from conftest import COMFY, REASON
+
+if not COMFY:
+    pytest.skip(REASON, allow_module_level=True)
+
+import torch  # noqa: E402
+
+import nodes as comfy_nodes  # noqa: E402
+import tiny_models as tm  # noqa: E402
+
+from gcache.core.errors import GCacheError  # noqa: E402
+from gcache.core.policy import Policy  # noqa: E402
+from gcache.core.profile import Profile  # noqa: E402
+from gcache.nodes import artifacts, background, search_job  # noqa: E402
+from gcache.nodes.apply_node import GCacheApply  # noqa: E402
+from gcache.nodes.policy_node import GCachePolicy  # noqa: E402
+from gcache.nodes.profile_node import GCacheProfile  # noqa: E402
+from gcache.nodes.search_node import GCacheSearch  # noqa: E402
+
+N = 6
+
+
+@pytest.fixture(scope="module")
+def flux():
+    return tm.flux()
+
+
+def ksample(model, pos, neg, lat, steps=N, cfg=1.0):
+    return comfy_nodes.common_ksampler(model, 0, steps, cfg, "euler", "simple", pos, neg,
+                                       {"samples": lat})[0]["samples"]
+
+
+class BlockRuns:
+    """Counts the block stack's runs (the first double block's forward calls; cfg 1: one per computed step)."""
+
+    def __init__(self, model):
+        block = model.get_model_object("diffusion_model").double_blocks[0]
+        self.n = 0
+        self.h = block.register_forward_pre_hook(lambda *a: setattr(self, "n", self.n + 1))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *e):
+        self.h.remove()
+
+
+class SavedFilesExist(logging.Handler):
+    """Checks, as each gcache log record is made, that every file it calls saved ("saved X", "saved as X", "the
+    saved X") is in the folder at that moment."""
+    SAVED = re.compile(r"(?<!not )\bsaved (?:as )?([\w.\-]+\.(?:json|safetensors))")
+
+    def __init__(self, folder):
+        super().__init__(logging.DEBUG)
+        self.folder, self.claims, self.missing = folder, [], []
+
+    def emit(self, record):
+        for name in self.SAVED.findall(record.getMessage()):
+            self.claims.append(name)
+            if not (self.folder / name).is_file():
+                self.missing.append((name, record.getMessage()))
+
+
+@pytest.fixture()
+def saved_files_exist(gcache_dir):
+    h = SavedFilesExist(gcache_dir)
+    logger = logging.getLogger("gcache")
+    logger.addHandler(h)
+    old = logger.level
+    logger.setLevel(logging.DEBUG)
+    yield h
+    logger.removeHandler(h)
+    logger.setLevel(old)
+    assert not h.missing, h.missing
+
+
+@pytest.fixture()
+def read_only(gcache_dir):
+    """Makes the gcache folder one nothing can be written in, for real: immutable for root (whom file modes don't
+    stop), read-only by mode for a user. Returns a function that does it (files can be put there first)."""
+    state = {}
+
+    def lock():
+        if getattr(os, "geteuid", lambda: -1)() == 0:
+            try:
+                r = subprocess.run(["chattr", "+i", str(gcache_dir)], capture_output=True, text=True)
+            except OSError as e:
+                r = subprocess.CompletedProcess([], 1, "", str(e))
+            if r.returncode != 0:
+                pytest.skip(f"chattr +i is not allowed here ({r.stderr.strip()}): no read-only folder for root")
+            state["chattr"] = True
+        else:
+            os.chmod(gcache_dir, 0o555)
+            state["chmod"] = True
+        try:  # checked by hand, not by the code under test
+            open(gcache_dir / "probe", "x").close()
+        except OSError:
+            return
+        os.unlink(gcache_dir / "probe")
+        pytest.skip("a folder read-only by mode is still writable here (Windows?)")
+    yield lock
+    if state.get("chattr"):
+        subprocess.run(["chattr", "-i", str(gcache_dir)], check=True)
+    if state.get("chmod"):
+        os.chmod(gcache_dir, 0o755)
+
+
+def gcache_records(caplog, level=logging.WARNING):
+    return [r.getMessage() for r in caplog.records if r.name == "gcache" and r.levelno >= level]
+
+
+def search_args(flux, name, k=3, budget=12, steps=N):
+    from gcache_test_pack import FakeVAE
+    m, pos, neg, lat = flux
+    return (m, pos, neg, {"samples": lat}, FakeVAE(), 0, 1, steps, 1.0, "euler", "simple", k, budget, 2, "ssim", name)
+
+
+def no_sampling(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("sampled")
+    monkeypatch.setattr(search_job, "sample", refuse)
+
+
+# ------------------------------------------------------------------------------ "saved" means saved
+def test_every_saved_file_exists_when_the_log_says_so(flux, gcache_dir, saved_files_exist, caplog):
+    m, pos, neg, lat = flux
+    model = GCacheApply.execute(m, "(auto)", "model device", "remap", 2.0).result[0]
+    with caplog.at_level("INFO", logger="gcache"):
+        ksample(model, pos, neg, lat)  # profiles, then saves the policy
+        ksample(model, pos, neg, lat)
+        ksample(GCacheApply.execute(m, "(auto)", "model device", "remap", 1.5).result[0], pos, neg, lat)
+        prof = Profile.load(str(next(gcache_dir.glob("auto_*.profile.safetensors"))))
+        GCachePolicy.execute(prof, "K", 2.0, 3, "theory", "", "mine")
+        GCacheSearch.execute(*search_args(flux, "s_saved"))
+    claims = saved_files_exist.claims
+    assert any(c.endswith("_2x.json") for c in claims) and "mine.json" in claims
+    assert any(c.endswith(".profile.safetensors") for c in claims)  # "built … from the saved <profile>"
+    assert "GCache Policy: saved mine.json" in caplog.text  # a file name, not the server's path
+    assert str(gcache_dir) not in caplog.text
+
+
+def test_auto_with_the_forecast_input_never_claims_a_policy_file_it_does_not_write(flux, gcache_dir,
+                                                                                  saved_files_exist, caplog):
+    """With the forecast input set, run 1 once logged "saved …/auto_Flux-…_2x.json …; the next run applies it.": that
+    policy is built for the forecast input and never saved."""
+    m, pos, neg, lat = flux
+    model = GCacheApply.execute(m, "(auto)", "model device", "remap", 2.0, "linear (1)").result[0]
+    with caplog.at_level("INFO", logger="gcache"):
+        ksample(model, pos, neg, lat)
+    names = sorted(p.name for p in gcache_dir.iterdir() if not p.name.startswith("."))
+    assert len(names) == 1 and names[0].endswith("_6steps_simple.profile.safetensors"), names  # no policy file
+    pol_name = names[0].replace(".profile.safetensors", "_2x.json")
+    assert f"saved {pol_name}" not in caplog.text and "the next run applies it" not in caplog.text
+    assert f"built the policy for the forecast input (linear; K = " in caplog.text
+    assert f"not saved as {pol_name}; the next run builds it again from the saved {names[0]}." in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="gcache"), BlockRuns(m) as runs:
+        ksample(model, pos, neg, lat)
+    assert f"built for the forecast input (linear), not saved, {pol_name} from the saved {names[0]}" in caplog.text
+    assert runs.n < N
+    # auto's own policy, and no profile to build one for the forecast input from: that policy, said so
+    ksample(GCacheApply.execute(m, "(auto)", "model device", "remap", 2.0).result[0], pos, neg, lat)
+    (gcache_dir / names[0]).unlink()
+    caplog.clear()
+    with caplog.at_level("INFO", logger="gcache"), BlockRuns(m) as runs:
+        ksample(model, pos, neg, lat)
+    assert f"applying {pol_name} with the forecast input (linear): {names[0]} is missing, so no policy can be " \
+        "built for it" in caplog.text
+    assert runs.n == Policy.load(str(gcache_dir / pol_name)).n_computed
+
+
+# ------------------------------------------------------------------------------ a folder that can't be written
+def test_search_in_a_read_only_folder_says_so_before_sampling(flux, gcache_dir, read_only, monkeypatch):
+    """It once said "The reference runs recorded no profile (was sampling interrupted?)" after sampling them."""
+    read_only()
+    no_sampling(monkeypatch)
+    with pytest.raises(GCacheError) as e:
+        GCacheSearch.execute(*search_args(flux, "s_ro"))
+    msg = str(e.value)
+    assert f"GCache Search can't keep its state file and policy: the gcache folder {gcache_dir} can't be written (" \
+        in msg and "Nothing was sampled" in msg and "extra_model_paths.yaml" in msg and "interrupted" not in msg
+    assert not os.listdir(gcache_dir)
+
+
+def test_search_names_why_its_reference_runs_left_no_profile(flux, gcache_dir, monkeypatch, caplog):
+    """A run not added to the search's profile (here: a full disk while merging) is named, not guessed at."""
+    def full_disk(path, run, lock_timeout_s=120.0):
+        raise OSError(28, "No space left on device", path)
+    monkeypatch.setattr(artifacts, "merge_into_file", full_disk)
+    with pytest.raises(GCacheError) as e:
+        GCacheSearch.execute(*search_args(flux, "s_full"))
+    msg = str(e.value)
+    assert msg.startswith("The reference runs recorded no profile (s_full.search.profile.safetensors): could not add "
+                          "the run to s_full.search.profile.safetensors (No space left on device).")
+    assert "interrupted" not in msg and str(gcache_dir) not in msg
+
+
+def test_policy_node_in_a_read_only_folder_says_so_and_what_to_do(flux, gcache_dir, read_only, caplog):
+    """It once raised a raw PermissionError naming a temporary file."""
+    m, pos, neg, lat = flux
+    ksample(GCacheProfile.execute(m, "p", "model device").result[0], pos, neg, lat)
+    prof = Profile.load(str(gcache_dir / "p.profile.safetensors"))
+    read_only()
+    with pytest.raises(GCacheError) as e:
+        GCachePolicy.execute(prof, "K", 2.0, 3, "theory", "", "mine")
+    msg = str(e.value)
+    assert msg.startswith(f"GCache Policy can't save mine.json: the gcache folder {gcache_dir} can't be written (")
+    assert "; or empty save_name to use the policy without saving it" in msg and ".tmp-" not in msg
+    pol = GCachePolicy.execute(prof, "K", 2.0, 3, "theory", "", "").result[0]  # not saved: works
+    assert pol.n_computed == 3
+
+
+def test_profile_node_in_a_read_only_folder_stops_before_sampling(flux, gcache_dir, read_only):
+    read_only()
+    with pytest.raises(GCacheError) as e:
+        GCacheProfile.execute(flux[0], "p", "model device")
+    msg = str(e.value)
+    assert msg.startswith(f"GCache Profile can't add runs to p.profile.safetensors: the gcache folder {gcache_dir} "
+                          "can't be written (") and "Nothing was sampled" in msg
+    assert "take GCache Profile out of the workflow to sample without profiling" in msg
+
+
+def test_apply_auto_in_a_read_only_folder_says_so_once_and_keeps_the_image(flux, gcache_dir, read_only, caplog):
+    m, pos, neg, lat = flux
+    model = GCacheApply.execute(m, "(auto)", "model device", "remap", 2.0).result[0]
+    read_only()
+    with caplog.at_level("INFO", logger="gcache"), BlockRuns(m) as runs:
+        out = ksample(model, pos, neg, lat)
+    assert torch.equal(out, ksample(m, pos, neg, lat)) and runs.n == N
+    said = gcache_records(caplog)
+    assert len(said) == 1, said  # one message, before sampling
+    assert f"the gcache folder {gcache_dir} can't be written (" in said[0]
+    assert "this run computes every step without profiling (nothing could be saved)" in said[0]
+    assert "extra_model_paths.yaml" in said[0] and not os.listdir(gcache_dir)
+
+
+def test_apply_auto_builds_from_a_saved_profile_in_a_read_only_folder_and_says_it_is_not_saved(flux, gcache_dir,
+                                                                                              read_only, caplog):
+    m, pos, neg, lat = flux
+    ksample(GCacheApply.execute(m, "(auto)", "model device", "remap", 2.0).result[0], pos, neg, lat)
+    read_only()
+    caplog.clear()
+    with caplog.at_level("INFO", logger="gcache"), BlockRuns(m) as runs:
+        ksample(GCacheApply.execute(m, "(auto)", "model device", "remap", 1.5).result[0], pos, neg, lat)
+    built = [r for r in gcache_records(caplog, logging.INFO) if "from the saved" in r]
+    assert len(built) == 1 and "_1.5x.json (not saved: the gcache folder " in built[0] and runs.n < N
+    assert not any(p.name.endswith("_1.5x.json") for p in gcache_dir.iterdir())
+
+
+# ------------------------------------------------------------------------------ damaged and foreign files
+def test_a_damaged_or_foreign_state_file_stops_the_search_before_sampling(flux, gcache_dir, monkeypatch):
+    """A damaged state was once found after the reference runs, with a new profile written first."""
+    (gcache_dir / "s_bad.search.json").write_text("{ not json")
+    real_sample = search_job.sample
+    no_sampling(monkeypatch)
+    with pytest.raises(GCacheError, match=r"The search state s_bad.search.json is unreadable or damaged"):
+        GCacheSearch.execute(*search_args(flux, "s_bad"))
+    assert sorted(os.listdir(gcache_dir)) == ["s_bad.search.json"]  # no profile written
+    # a state file of another search (another K): refused before sampling, naming only what differs
+    monkeypatch.setattr(search_job, "sample", real_sample)
+    GCacheSearch.execute(*search_args(flux, "s_k3", k=3))
+    no_sampling(monkeypatch)
+    before = (gcache_dir / "s_k3.search.json").read_bytes()
+    with pytest.raises(GCacheError, match=r"s_k3.search.json belongs to another search \(k: file 3, now 4\)\. "):
+        GCacheSearch.execute(*search_args(flux, "s_k3", k=4))
+    assert (gcache_dir / "s_k3.search.json").read_bytes() == before
+
+
+def test_a_background_slice_that_finds_a_damaged_state_file_ends_the_search_in_the_tab(flux, gcache_dir,
+                                                                                       monkeypatch):
+    """The check before sampling runs in every slice too: the tab then says why the search ended."""
+    from types import SimpleNamespace
+    state = gcache_dir / "s_slice.search.json"
+    state.write_text("{ not json")  # damaged between two slices
+    background.JOBS.put(background.Job("s_slice", str(state), 12, "6", {}, status="queued"))
+    monkeypatch.setattr(GCacheSearch, "hidden", SimpleNamespace(
+        prompt={"6": {"inputs": {background.SLICE_KEY: "s_slice"}}}, unique_id="6"), raising=False)
+    no_sampling(monkeypatch)
+    with pytest.raises(GCacheError, match="s_slice.search.json is unreadable or damaged"):
+        GCacheSearch.execute(*search_args(flux, "s_slice"))
+    row = next(r for r in background.JOBS.listing([str(gcache_dir)]) if r["id"] == "s_slice")
+    assert row["status"] == "failed" and "s_slice.search.json is unreadable or damaged" in row["message"]
+
+
+def test_a_damaged_auto_profile_is_followed_by_what_the_run_really_does(flux, gcache_dir, caplog):
+    """A truncated 12-step auto profile once logged "moved … and is made again" while the run remapped the 6-step
+    policy and wrote no new profile."""
+    m, pos, neg, lat = flux
+    ksample(GCacheApply.execute(m, "(auto)", "model device", "remap", 2.0).result[0], pos, neg, lat)
+    ksample(GCacheApply.execute(m, "(auto)", "model device", "error", 2.0).result[0], pos, neg, lat, steps=12)
+    pol12 = next(gcache_dir.glob("auto_*_12steps_simple_2x.json"))
+    prof12 = next(gcache_dir.glob("auto_*_12steps_simple.profile.safetensors"))
+    pol6 = next(gcache_dir.glob("auto_*_6steps_simple_2x.json"))
+    pol12.unlink()
+    prof12.write_bytes(prof12.read_bytes()[:100])
+    caplog.clear()
+    with caplog.at_level("INFO", logger="gcache"), BlockRuns(m) as runs:
+        ksample(GCacheApply.execute(m, "(auto)", "model device", "remap", 2.0).result[0], pos, neg, lat, steps=12)
+    side = prof12.name.replace(".profile.safetensors", ".damaged-1.profile.safetensors")
+    said = gcache_records(caplog)
+    assert len(said) == 1 and said[0].startswith(f"GCache Apply auto: {prof12.name} can't be read (")
+    assert said[0].endswith(f"it was moved to {side}; remapping {pol6.name} to 12 steps"), said[0]
+    assert "made again" not in caplog.text and not prof12.exists() and (gcache_dir / side).is_file()
+    assert runs.n == 2 * Policy.load(str(pol6)).n_computed  # the remapped policy, not a profiling run
+
+
+def test_auto_says_when_the_few_steps_rule_overrides_the_bound(flux, gcache_dir, caplog):
+    """At 8 steps auto forecasts with reuse even where its held-out bound favours another forecaster; the log once
+    showed the bounds (fitted lowest) and 'forecast reuse' without saying why."""
+    from gcache.search.instant import forecaster_scores
+    m, pos, neg, lat = flux
+    ksample(GCacheApply.execute(m, "(auto)", "model device", "remap", 2.5).result[0], pos, neg, lat, steps=8, cfg=3.0)
+    prof_path = next(gcache_dir.glob("auto_*_8steps_simple.profile.safetensors"))
+    prof = Profile.load(str(prof_path))
+    prof.meta["io_time"] = {"stack": 3.0, "call": 4.0}  # io share 0.25: K = 2 at 2.5x (2.29x ≤ 2.5 < 2.91x)
+    prof.save(str(prof_path))
+    next(gcache_dir.glob("auto_*_8steps_simple_2.5x.json")).unlink()
+    scores = forecaster_scores(prof, 2)
+    assert scores["fitted"] < scores["reuse"]  # this profile's bound favours fitted at K = 2
+    caplog.clear()
+    with caplog.at_level("INFO", logger="gcache"):
+        ksample(GCacheApply.execute(m, "(auto)", "model device", "remap", 2.5).result[0], pos, neg, lat, steps=8,
+                cfg=3.0)
+    assert "GCache Apply auto: forecast reuse for K = 2 (held-out bounds: " in caplog.text
+    assert "; the bound favours fitted, but at 8 steps or fewer auto forecasts with reuse: there the bound ranks " \
+        "forecasters wrongly" in caplog.text
+    pol = Policy.load(str(next(gcache_dir.glob("auto_*_8steps_simple_2.5x.json"))))
+    assert pol.forecast == "reuse" and pol.n_computed == 2
+    assert pol.provenance["auto"]["forecaster"] == "reuse at 8 steps or fewer"
+
+
+# ------------------------------------------------------------------------------ the foreground search in the tab
+def test_a_foreground_search_is_listed_as_running_and_cancel_stops_it_with_the_best_policy_so_far(flux, gcache_dir,
+                                                                                                  monkeypatch):
+    """The tab once listed a running foreground search as "not running in this ComfyUI: queue … again"."""
+    seen = {}
+    real_sample, calls = search_job.sample, [0]
+
+    def sample(*a, **k):
+        calls[0] += 1
+        if calls[0] == 5:  # the reference run and 3 evaluations done: the user presses Cancel in the tab
+            seen["row"] = next(r for r in background.JOBS.listing([str(gcache_dir)]) if r["id"] == "s_fg")
+            assert background.JOBS.cancel("s_fg").status == "cancelled"
+        return real_sample(*a, **k)
+    monkeypatch.setattr(search_job, "sample", sample)
+    policy, image = GCacheSearch.execute(*search_args(flux, "s_fg", k=4, budget=12, steps=12)).result
+    row = seen["row"]
+    assert row["status"] == "running" and row["mode"] == "foreground" and row["evaluations"] >= 3
+    assert row["message"] == "running in the foreground (this prompt): evaluating"
+    state = json.loads((gcache_dir / "s_fg.search.json").read_text())
+    n = len(state["history"])
+    assert not state["done"] and n == row["evaluations"] + 1  # the evaluation in progress finished, then it stopped
+    best = min(state["history"], key=lambda h: (h["loss"], h["i"]))
+    assert policy.mask == [int(c) for c in best["mask"]] and image.shape[-1] == 3
+    row = next(r for r in background.JOBS.listing([str(gcache_dir)]) if r["id"] == "s_fg")
+    assert row["status"] == "cancelled" and row["message"].startswith(f"cancelled after {n} of 12 evaluations; the "
+                                                                      "prompt went on with the best policy so far")
+    assert not (gcache_dir / "s_fg.json").exists()
+    # queued again, it resumes and finishes: listed as done
+    monkeypatch.setattr(search_job, "sample", real_sample)
+    policy = GCacheSearch.execute(*search_args(flux, "s_fg", k=4, budget=12, steps=12)).result[0]
+    row = next(r for r in background.JOBS.listing([str(gcache_dir)]) if r["id"] == "s_fg")
+    assert row["status"] == "done" and row["evaluations"] == 12 and row["message"] == "done: s_fg.json saved"
+    assert Policy.load(str(gcache_dir / "s_fg.json")).mask == policy.mask
