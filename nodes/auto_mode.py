@@ -98,14 +98,15 @@ class AutoConfig(RunConfig):
             if not (ok and os.path.isfile(prof_path)):
                 return
             try:  # after sampling: a file problem is logged, never raised (the image is kept)
-                pol = self.build(name, Profile.load(prof_path))
+                prof = Profile.load(prof_path)
+                pol = self.build(name, prof)
             except (GCacheError, OSError) as e:
                 log.error("GCache Apply auto: could not make or save the policy %s (%s); the next run tries again.",
                           name.policy_path(self.folder), e)
                 return
-            log.info("GCache Apply auto: saved %s (K = %d of %d, forecast %s, predicted %.2fx at a measured io "
-                     "share of %.3f); the next run applies it.", name.policy_path(self.folder), pol.n_computed,
-                     pol.n_steps, pol.forecast, pol.metrics["predicted_speedup"], pol.metrics["io_share"])
+            log.info("GCache Apply auto: saved %s (K = %d of %d, forecast %s, %s at a measured %s); the next run "
+                     "applies it.", name.policy_path(self.folder), pol.n_computed, pol.n_steps, pol.forecast,
+                     prof.io.describe_speedup(pol.n_steps, pol.n_computed), prof.io.describe())
         run.on_close.append(finish)
         return run
 
@@ -169,7 +170,8 @@ class AutoConfig(RunConfig):
     def build(self, name: artifacts.AutoName, profile: Profile) -> Policy:
         """The best instant policy for the profile (saved unless Apply's forecast input chose the forecaster)."""
         from ..search.instant import choose_forecaster, instant_policy  # search/ is needed once a policy is made
-        io_share = profile.io_share  # measured while profiling
+        io = profile.io  # measured while profiling: its median decides K, its range is reported
+        io_share = io.value
         k = k_for_speedup(profile.n_steps, self.speedup, io_share)
         why = out_of_reach(profile.n_steps, self.speedup, io_share)
         if why:
@@ -180,7 +182,7 @@ class AutoConfig(RunConfig):
             log.warning("GCache Apply auto: %s.", note)
         fc, scores = (self.forecast, {}) if self.forecast is not None else choose_forecaster(profile, k)
         pol = instant_policy(profile, k, "theory", forecast=fc)
-        pol.metrics.update(predicted_speedup=round(pol.predicted_speedup(io_share), 3), io_share=round(io_share, 4))
+        pol.metrics.update(io.metrics(pol.n_steps, pol.n_computed))
         pol.provenance["auto"] = {"model": self.model_name, "key": self.key, "speedup": self.speedup,
                                   "version": AUTO_VERSION, "forecaster_scores": {n: round(v, 6) for n, v in scores.items()},
                                   "forecaster": "Apply's forecast input" if self.forecast is not None else
