@@ -170,8 +170,8 @@ class AutoConfig(RunConfig):
     def build(self, name: artifacts.AutoName, profile: Profile) -> Policy:
         """The best instant policy for the profile (saved unless Apply's forecast input chose the forecaster)."""
         from ..search.instant import choose_forecaster, instant_policy  # search/ is needed once a policy is made
-        io = profile.io  # measured while profiling: its median decides K, its range is reported
-        io_share = io.value
+        share = profile.io  # measured while profiling: its median decides K, its range is reported
+        io_share = share.value
         k = k_for_speedup(profile.n_steps, self.speedup, io_share)
         why = out_of_reach(profile.n_steps, self.speedup, io_share)
         if why:
@@ -182,7 +182,7 @@ class AutoConfig(RunConfig):
             log.warning("GCache Apply auto: %s.", note)
         fc, scores = (self.forecast, {}) if self.forecast is not None else choose_forecaster(profile, k)
         pol = instant_policy(profile, k, "theory", forecast=fc)
-        pol.metrics.update(io.metrics(pol.n_steps, pol.n_computed))
+        pol.metrics.update(share.metrics(pol.n_steps, pol.n_computed))
         pol.provenance["auto"] = {"model": self.model_name, "key": self.key, "speedup": self.speedup,
                                   "version": AUTO_VERSION, "forecaster_scores": {n: round(v, 6) for n, v in scores.items()},
                                   "forecaster": "Apply's forecast input" if self.forecast is not None else

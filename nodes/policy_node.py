@@ -91,16 +91,16 @@ class GCachePolicy(io.ComfyNode):
             log.warning("GCache Policy: %s.", note)
         s = parse_s(bernstein_s) if method == "bernstein" else None
         policy = instant_policy(profile, kk, method, s, forecast=cc.FORECAST[forecast])
-        io = profile.io
-        policy.metrics.update(io.metrics(profile.n_steps, kk))
+        share = profile.io  # the io share the profile measured, with its range
+        policy.metrics.update(share.metrics(profile.n_steps, kk))
         ms = (time.perf_counter() - t0) * 1e3
         log.info("GCache Policy: %s, K = %d of %d, %s (%s), %.1f ms: %s", method, kk, profile.n_steps,
-                 io.describe_speedup(profile.n_steps, kk), io.describe(), ms, policy.describe())
+                 share.describe_speedup(profile.n_steps, kk), share.describe(), ms, policy.describe())
         if save_name.strip():
             path = artifacts.policy_path(cc.folder(), safe_name(save_name, "policy name"))
             policy.save(path)
             log.info("GCache Policy: saved %s", path)
         image = plot_policy(policy, propagation_weights(profile, method, s),
                             f"w_j per step ({method}), K = {kk} of {profile.n_steps}, predicted "
-                            f"{io.speedup_text(profile.n_steps, kk)}")
+                            f"{share.speedup_text(profile.n_steps, kk)}")
         return io.NodeOutput(policy, cc.pil_to_image(image))
