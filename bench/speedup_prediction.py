@@ -9,7 +9,10 @@ Measured figures: the whole-run speed-up (median of the per-pair ratios full / G
 Apply logs (N / (K + (N − K)·r), r = median skipped / median computed step of the run's own steps between the first
 and the last; the median over the rerun's GCache runs). Beside them, on the same runs, what GCache computed before
 2026-11-27: the io share from sums over every step (first and last included) and the per-run figure N · mean computed
-step / total (warm-up and load spikes included). Spread = (max − min) / median over the reruns.
+step / total (warm-up and load spikes included). Spread = (max − min) / median over the reruns. Step costs (medians
+over the steps between the first and the last): the profiling run's step less its recording, split into stack and
+outside, against a step of a GCache Apply run that computes every step and the computed and skipped steps under the
+first K's mask: whether what only profiling does inflates the time outside the stack.
 
 1. the reference model (N = 30, K = 10, 15, 20, batch 8 with CFG), always;
 2. when COMFYUI_PATH points to a ComfyUI tree, ComfyUI's KSampler (euler, simple, cfg 3, N = 12, K = 4, 6, 8) with
@@ -77,9 +80,35 @@ def run_stats():
         ResidualCache.close = close
 
 
-def rerun_rows(n: int, ks: tuple, profile_once: Callable[[], Profile], runner: Callable, reruns: int,
-               repeats: int) -> dict:
-    """The reruns on one model. profile_once() profiles one run; runner(policy) -> (full run, GCache run)."""
+def middle_ms(values: dict, steps) -> Optional[float]:
+    """Median in ms of per-step seconds over `steps` (those present)."""
+    vals = [values[s] for s in steps if s in values]
+    return 1e3 * statistics.median(vals) if vals else None
+
+
+def step_costs(profiled: CacheStats, all_ones: CacheStats, masked: list[tuple[CacheStats, list]]) -> dict:
+    """Where a step's time goes, medians over the steps between the first and the last (ms): the profiling run's
+    step less its recording and its stack, a step of a run that computes every step under GCache Apply, and the
+    computed and skipped steps of runs under a mask (is the profiling run's outside-the-stack time inflated?)."""
+    mid = sorted(s for s in profiled.step_seconds if s is not None)[1:-1]
+    call = {s: profiled.step_seconds[s] - profiled.record_seconds.get(s, 0.0) for s in mid}
+    out = {"profile_step_ms": middle_ms(call, mid), "profile_stack_ms": middle_ms(profiled.stack_seconds, mid),
+           "profile_outside_stack_ms": middle_ms({s: call[s] - profiled.stack_seconds.get(s, 0.0) for s in mid}, mid),
+           "all_ones_step_ms": middle_ms(all_ones.step_seconds, sorted(all_ones.step_seconds)[1:-1])}
+    comp, skip = [], []
+    for st, mask in masked:
+        steps = sorted(s for s in st.step_seconds if s is not None)[1:-1]
+        comp += [st.step_seconds[s] for s in steps if mask[s]]
+        skip += [st.step_seconds[s] for s in steps if not mask[s]]
+    out["computed_step_ms"] = 1e3 * statistics.median(comp) if comp else None
+    out["skipped_step_ms"] = 1e3 * statistics.median(skip) if skip else None
+    return out
+
+
+def rerun_rows(n: int, ks: tuple, profile_once: Callable[[], Profile], runner: Callable, all_ones: Callable,
+               reruns: int, repeats: int) -> dict:
+    """The reruns on one model. profile_once() profiles one run; runner(policy) -> (full run, GCache run);
+    all_ones() samples once under GCache Apply computing every step."""
     from ..search.instant import instant_policy
     with run_stats() as seen:
         first = profile_once()
@@ -88,7 +117,12 @@ def rerun_rows(n: int, ks: tuple, profile_once: Callable[[], Profile], runner: C
         for _ in range(reruns):
             seen.clear()
             prof = profile_once()
-            before = io_share_before(CacheStats.merged(seen))
+            profiled = CacheStats.merged(seen)
+            before = io_share_before(profiled)
+            seen.clear()
+            all_ones()
+            ones = CacheStats.merged(seen)
+            masked = []
             row = {"io_share": prof.io.value, "io_range": [prof.io.low, prof.io.high], "io_share_before": before,
                    "by_k": {}}
             for k, pol in policies.items():
@@ -105,6 +139,8 @@ def rerun_rows(n: int, ks: tuple, profile_once: Callable[[], Profile], runner: C
                     t2 = time.perf_counter()
                     ratios.append((t1 - t0) / (t2 - t1))
                     stats = CacheStats.merged(seen) if seen else None
+                    if stats is not None and k == ks[0]:
+                        masked.append((stats, mask))
                     if stats is not None and stats.measured_speedup() is not None:
                         logged.append(stats.measured_speedup())
                     if stats is not None and measured_before(stats, mask) is not None:
@@ -115,13 +151,16 @@ def rerun_rows(n: int, ks: tuple, profile_once: Callable[[], Profile], runner: C
                                   "measured": statistics.median(ratios),
                                   "logged": statistics.median(logged) if logged else None,
                                   "logged_before": statistics.median(logged_before) if logged_before else None}
+            row["step_costs"] = step_costs(profiled, ones, masked)
             rows.append(row)
     return summarize(n, ks, rows)
 
 
 def summarize(n: int, ks: tuple, rows: list) -> dict:
     """Medians and spreads over the reruns, per K; the per-rerun rows are kept."""
-    out = {"N": n, "io_share": spread([r["io_share"] for r in rows]), "reruns": rows, "by_k": {}}
+    out = {"N": n, "io_share": spread([r["io_share"] for r in rows]), "reruns": rows, "by_k": {},
+           "step_costs_ms": {name: round(statistics.median(r["step_costs"][name] for r in rows), 3)
+                             for name in rows[0]["step_costs"] if all(r["step_costs"][name] is not None for r in rows)}}
     if all(r["io_share_before"] is not None for r in rows):
         out["io_share_before"] = spread([r["io_share_before"] for r in rows])
     for k in ks:
@@ -143,7 +182,8 @@ def reference(reruns: int, repeats: int) -> dict:
     h = ReferenceHarness(30)
     seeds = list(range(1000, 1008))
     out = rerun_rows(30, (10, 15, 20), lambda: h.profile(seeds),
-                     lambda pol: (lambda: h.run(seeds, [1] * 30), lambda: h.run(seeds, pol.mask)), reruns, repeats)
+                     lambda pol: (lambda: h.run(seeds, [1] * 30), lambda: h.run(seeds, pol.mask)),
+                     lambda: h.run(seeds, [1] * 30), reruns, repeats)
     return {"model": "reference DiT (N = 30, batch 8, CFG)", **out}
 
 
@@ -156,6 +196,7 @@ def comfyui(reruns: int, repeats: int) -> dict:
     import nodes as comfy_nodes
     import tiny_models as tm
 
+    from ..core.policy import Policy
     from ..nodes import apply_mode, hooks, profile_mode
     n = 12
     out = {}
@@ -178,7 +219,9 @@ def comfyui(reruns: int, repeats: int) -> dict:
             fast = hooks.patch_model(m, apply_mode.apply_config(m, pol))
             return (lambda: sample(m)), (lambda: sample(fast))
 
-        out[name] = {"model": name, **rerun_rows(n, (4, 6, 8), profile_once, runner, reruns, repeats)}
+        ones = hooks.patch_model(m, apply_mode.apply_config(m, Policy.all_ones(n)))
+        out[name] = {"model": name, **rerun_rows(n, (4, 6, 8), profile_once, runner, lambda: sample(ones), reruns,
+                                                 repeats)}
     unets.cleanup()
     return out
 
@@ -206,6 +249,12 @@ def main(argv=None) -> dict:
     for p in parts.values():
         print(f"{p['model']}: {_line('io share', p['io_share'])}"
               + (f"; {_line('before (sums over every step)', p['io_share_before'])}" if "io_share_before" in p else ""))
+        c = p["step_costs_ms"]
+        if len(c) == 6:
+            print(f"  step costs (ms, medians): profiling run {c['profile_step_ms']:.2f} less recording = stack "
+                  f"{c['profile_stack_ms']:.2f} + outside {c['profile_outside_stack_ms']:.2f} | all computed under Apply "
+                  f"{c['all_ones_step_ms']:.2f} | under the K = {min(p['by_k'])} mask: computed "
+                  f"{c['computed_step_ms']:.2f}, skipped {c['skipped_step_ms']:.2f}")
         for k, f in p["by_k"].items():
             print(f"  K = {k:>2}: {_line('predicted', f['predicted'])} | {_line('measured (whole runs)', f['measured'])}"
                   f" | predicted / measured {f['predicted_over_measured']:.3f}"

@@ -33,7 +33,7 @@ def test_reruns_on_a_tiny_reference_model(capsys):
     seeds = [1000, 1001]
     out = bench.rerun_rows(8, (3, 5), lambda: h.profile(seeds),
                            lambda pol: (lambda: h.run(seeds, [1] * 8), lambda: h.run(seeds, pol.mask)),
-                           reruns=3, repeats=2)
+                           lambda: h.run(seeds, [1] * 8), reruns=3, repeats=2)
     rows = out["reruns"]
     assert len(rows) == 3 and set(out["by_k"]) == {3, 5}
     io = [r["io_share"] for r in rows]
@@ -51,4 +51,22 @@ def test_reruns_on_a_tiny_reference_model(capsys):
         meas = [r["by_k"][k]["measured"] for r in rows]
         assert fig["predicted_over_measured"] == pytest.approx(np.median(pred) / np.median(meas), rel=1e-3)
         assert fig["predicted_within_measured"] == (min(meas) <= round(float(np.median(pred)), 4) <= max(meas))
+    for r in rows:  # the step costs are medians of the runs' own step times: positive, the stack inside the step
+        c = r["step_costs"]
+        assert all(v > 0 for v in c.values())
+        assert c["profile_stack_ms"] + c["profile_outside_stack_ms"] == pytest.approx(c["profile_step_ms"], rel=0.5)
     json.dumps(out)  # the JSON line can be written
+
+
+def test_step_costs_by_hand():
+    prof, ones, masked = CacheStats(), CacheStats(), CacheStats()
+    prof.step_seconds = {0: 9.0, 1: 1.0, 2: 1.2, 3: 1.1, 4: 0.5}
+    prof.record_seconds = {1: 0.2, 2: 0.2, 3: 0.2}
+    prof.stack_seconds = {0: 5.0, 1: 0.6, 2: 0.7, 3: 0.8, 4: 0.4}
+    ones.step_seconds = {0: 5.0, 1: 0.9, 2: 1.0, 3: 0.8, 4: 0.1}
+    masked.step_seconds = {0: 5.0, 1: 0.3, 2: 1.0, 3: 0.2, 4: 0.9, 5: 0.1}
+    c = bench.step_costs(prof, ones, [(masked, [1, 0, 1, 0, 1, 1])])
+    # steps 1-3: calls 0.8, 1.0, 0.9 (median 0.9); stacks 0.6, 0.7, 0.8; outside 0.2, 0.3, 0.1 (median 0.2)
+    assert c["profile_step_ms"] == pytest.approx(900) and c["profile_stack_ms"] == pytest.approx(700)
+    assert c["profile_outside_stack_ms"] == pytest.approx(200) and c["all_ones_step_ms"] == pytest.approx(900)
+    assert c["computed_step_ms"] == pytest.approx(950) and c["skipped_step_ms"] == pytest.approx(250)
