@@ -12,7 +12,9 @@ and the last; the median over the rerun's GCache runs). Beside them, on the same
 step / total (warm-up and load spikes included). Spread = (max − min) / median over the reruns. Step costs (medians
 over the steps between the first and the last): the profiling run's step less its recording, split into stack and
 outside, against a step of a GCache Apply run that computes every step and the computed and skipped steps under the
-first K's mask: whether what only profiling does inflates the time outside the stack.
+first K's mask: whether what only profiling does inflates the time outside the stack. Whole runs also hold time
+outside their steps (sampler set-up, the first step's input, the end): measured on the all-computed run (wall time
+less its steps) and added to both runs of the formula in "predicted with the run outside its steps" (bench only).
 
 1. the reference model (N = 30, K = 10, 15, 20, batch 8 with CFG), always;
 2. when COMFYUI_PATH points to a ComfyUI tree, ComfyUI's KSampler (euler, simple, cfg 3, N = 12, K = 4, 6, 8) with
@@ -120,8 +122,11 @@ def rerun_rows(n: int, ks: tuple, profile_once: Callable[[], Profile], runner: C
             profiled = CacheStats.merged(seen)
             before = io_share_before(profiled)
             seen.clear()
+            t0 = time.perf_counter()
             all_ones()
+            ones_wall = time.perf_counter() - t0
             ones = CacheStats.merged(seen)
+            outside_ms = 1e3 * (ones_wall - sum(ones.step_seconds.values()))  # the run's time outside its steps
             masked = []
             row = {"io_share": prof.io.value, "io_range": [prof.io.low, prof.io.high], "io_share_before": before,
                    "by_k": {}}
@@ -146,12 +151,16 @@ def rerun_rows(n: int, ks: tuple, profile_once: Callable[[], Profile], runner: C
                     if stats is not None and measured_before(stats, mask) is not None:
                         logged_before.append(measured_before(stats, mask))
                 mid, lo, hi = prof.io.speedup(n, k)
+                t_ms = step_costs(profiled, ones, [])["profile_step_ms"]
                 row["by_k"][k] = {"predicted": mid, "predicted_range": [lo, hi],
                                   "predicted_before": predicted_speedup(n, k, before) if before is not None else None,
+                                  # the same with the run's time outside its steps added to both runs (bench only)
+                                  "predicted_whole_run": (n * t_ms + outside_ms) /
+                                  ((k + (n - k) * prof.io.value) * t_ms + outside_ms),
                                   "measured": statistics.median(ratios),
                                   "logged": statistics.median(logged) if logged else None,
                                   "logged_before": statistics.median(logged_before) if logged_before else None}
-            row["step_costs"] = step_costs(profiled, ones, masked)
+            row["step_costs"] = dict(step_costs(profiled, ones, masked), run_outside_steps_ms=outside_ms)
             rows.append(row)
     return summarize(n, ks, rows)
 
@@ -166,7 +175,7 @@ def summarize(n: int, ks: tuple, rows: list) -> dict:
     for k in ks:
         cells = [r["by_k"][k] for r in rows]
         fig = {name: spread([c[name] for c in cells]) for name in
-               ("predicted", "predicted_before", "measured", "logged", "logged_before")
+               ("predicted", "predicted_before", "predicted_whole_run", "measured", "logged", "logged_before")
                if all(c[name] is not None for c in cells)}
         pm, mm = fig["predicted"]["median"], fig["measured"]["median"]
         fig["predicted_over_measured"] = round(pm / mm, 4)
@@ -250,17 +259,19 @@ def main(argv=None) -> dict:
         print(f"{p['model']}: {_line('io share', p['io_share'])}"
               + (f"; {_line('before (sums over every step)', p['io_share_before'])}" if "io_share_before" in p else ""))
         c = p["step_costs_ms"]
-        if len(c) == 6:
+        if len(c) == 7:
             print(f"  step costs (ms, medians): profiling run {c['profile_step_ms']:.2f} less recording = stack "
                   f"{c['profile_stack_ms']:.2f} + outside {c['profile_outside_stack_ms']:.2f} | all computed under Apply "
                   f"{c['all_ones_step_ms']:.2f} | under the K = {min(p['by_k'])} mask: computed "
-                  f"{c['computed_step_ms']:.2f}, skipped {c['skipped_step_ms']:.2f}")
+                  f"{c['computed_step_ms']:.2f}, skipped {c['skipped_step_ms']:.2f} | a run's time outside its steps "
+                  f"{c['run_outside_steps_ms']:.2f}")
         for k, f in p["by_k"].items():
             print(f"  K = {k:>2}: {_line('predicted', f['predicted'])} | {_line('measured (whole runs)', f['measured'])}"
                   f" | predicted / measured {f['predicted_over_measured']:.3f}"
                   f"{'' if f['predicted_within_measured'] else ' (predicted outside the measured spread)'}")
             if "logged" in f:
-                print(f"          {_line('logged per run (median over its steps)', f['logged'])}")
+                print(f"          {_line('logged per run (median over its steps)', f['logged'])} | "
+                      f"{_line('predicted with the run outside its steps', f['predicted_whole_run'])}")
             before = [_line(nm, f[key]) for nm, key in (("predicted", "predicted_before"),
                                                         ("logged per run", "logged_before")) if key in f]
             if before:
