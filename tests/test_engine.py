@@ -218,14 +218,23 @@ def test_summary_reports_counts_and_speedup():
     assert cache.stats.measured_speedup() == pytest.approx(6 / 3.6)
     cache.stats.decided = {0: True, 1: False, 2: True, 3: False, 4: False, 5: True}
     cache.stats.step_seconds = {0: 1.0, 1: 0.1, 2: 1.0, 3: 0.3, 4: 0.1, 5: 1.0}
-    assert cache.stats.step_medians() == (1.0, 0.1, 1, 3)
-    # no computed step between the first and the last: said, not guessed from the warm-up step
+    assert cache.stats.step_medians() == (1.0, 0.1, 1, 3, False)
+    # no computed step between the first and the last (K = 2): the last one counts, the warm-up step never
     short = ResidualCache([1, 0, 0, 1])
     for i in range(4):
         short.set_step(i)
         short.run(torch.ones(1, 2, 2), ["c"], lambda h: h * 3)
     short.close()
-    assert short.stats.measured_speedup() is None and "measured: too few steps timed" in short.summary(0.1)
+    short.stats.step_seconds = {0: 7.0, 1: 0.2, 2: 0.3, 3: 0.8}
+    assert short.stats.step_medians() == (0.8, 0.25, 1, 2, True)
+    assert short.stats.measured_speedup() == pytest.approx(4 / (2 + 2 * 0.25 / 0.8))  # = 4 / 2.625 = 1.524
+    assert "measured 1.52× (medians of 1 computed and 2 skipped steps, the first left out)" in short.summary(0.1)
+    alone = ResidualCache([1, 0])  # a skipped step only after the first: nothing to compare it with
+    for i in range(2):
+        alone.set_step(i)
+        alone.run(torch.ones(1, 2, 2), ["c"], lambda h: h * 3)
+    alone.close()
+    assert alone.stats.measured_speedup() is None and "measured: too few steps timed" in alone.summary(0.1)
     every = ResidualCache([1, 1, 1])
     for i in range(3):
         every.set_step(i)
