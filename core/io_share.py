@@ -10,8 +10,8 @@ in its metadata ("io_runs"), and merging profiles concatenates them.
 A profile's io share is the median of its runs' medians (medians twice: a burst of load on a shared machine, a
 recording that stalls a step, moves neither). Its range is the interquartile range of the steps (the median over
 runs of each run's first and third quartile), widened to every run's median: profiling once, it says how far one
-step strays from the typical one (about 1.7× the standard error of a median of 10 steps, 2.8× of 28, so it is wide
-on purpose); profiling again, that it also holds what the other runs gave. Profiles from before per-step timing hold
+step strays from the typical one (half of it is about 1.7 standard errors of a median of 10 steps, 2.8 of 28: wide on
+purpose); profiling again, that it also holds what the other runs gave. Profiles from before per-step timing hold
 one timed total ("io_time": seconds in the stack and in whole steps): their share has no range. Profiles with
 neither carry the parameter-count estimate they were made with ("io_share"): no range either, said so.
 """
