@@ -15,6 +15,7 @@ happens when an exception escapes the blocks.
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Optional, Sequence
@@ -23,7 +24,7 @@ import torch
 
 from .errors import GCacheError
 from . import forecasters
-from .policy import predicted_speedup
+from .io_share import IoShare, step_shares
 
 log = logging.getLogger("gcache")
 
@@ -65,42 +66,65 @@ class CacheStats:
         out.skipped_steps = len(out.decided) - out.computed_steps
         return out
 
-    def summary(self, mask: Optional[Sequence[int]], io_share: Optional[float] = None) -> str:
+    def summary(self, io_share: Optional["IoShare | float"] = None) -> str:
         n = self.computed_steps + self.skipped_steps
         parts = [f"computed {self.computed_steps}/{n} steps, skipped {self.skipped_steps}"]
         if io_share is not None and n:
-            parts.append(f"predicted speed-up {predicted_speedup(n, self.computed_steps, io_share):.2f}x")
-        ms = self.measured_speedup(mask)
-        if ms is not None:
-            parts.append(f"measured {ms:.2f}x")
+            io = io_share if isinstance(io_share, IoShare) else IoShare(float(io_share), source="given")
+            parts.append(io.describe_speedup(n, self.computed_steps))
+        parts.append(self.describe_measured())
         parts.append(f"cache peak {format_bytes(self.peak_bytes)}")
-        return "GCache: " + ", ".join(parts)
+        return "GCache: " + ", ".join(p for p in parts if p)
 
-    def io_time(self) -> Optional[dict]:
-        """Seconds in the block stack and in whole steps (without profile recording), over the steps after the first
-        (its first calls warm up kernels and caches); None when the stack was not timed."""
-        steps = [s for s in self.stack_seconds if s is not None and s > 0]
-        if not steps:
-            return None
-        call = sum(self.step_seconds.get(s, 0.0) - self.record_seconds.get(s, 0.0) for s in steps)
-        return {"stack": sum(self.stack_seconds[s] for s in steps), "call": call} if call > 0 else None
+    def io_step_shares(self) -> list[float]:
+        """Io share of each timed step of a profile run (core/io_share.py: the first and last left out, the
+        profile's own snapshot and recording out of the step); empty when the stack was not timed."""
+        return step_shares(self.step_seconds, self.stack_seconds, self.record_seconds)
 
-    def measured_speedup(self, mask: Optional[Sequence[int]]) -> Optional[float]:
-        """N · (mean time of a computed step) / (total time), from this run's own step timings."""
-        if not self.step_seconds or mask is None:
+    def step_medians(self) -> Optional[tuple[float, float, int, int, bool]]:
+        """(median computed step, median skipped step, how many of each, whether the last step counts) in seconds,
+        over the steps between the first (warm-up) and the last (it ends with the run, without a next step's model
+        input); the last counts too when no computed step lies between (K = 2 computes the first and the last).
+        None without a computed and a skipped step."""
+        timed = sorted(s for s in self.step_seconds if s is not None)
+        for steps, last in ((timed[1:-1], False), (timed[1:], True)):
+            comp = [self.step_seconds[s] for s in steps if self.decided.get(s) is True]
+            skip = [self.step_seconds[s] for s in steps if self.decided.get(s) is False]
+            if comp and skip:
+                return statistics.median(comp), statistics.median(skip), len(comp), len(skip), last
+        return None
+
+    def measured_speedup(self) -> Optional[float]:
+        """N / (K + (N − K)·r), r = median skipped step / median computed step of this run's own timings (steps
+        after the first, step_medians): the speed-up over computing every step at this run's step costs. 1.0 when
+        every step computed; None when too few steps were timed."""
+        n, k = self.computed_steps + self.skipped_steps, self.computed_steps
+        if n and k == n and self.step_seconds:
+            return 1.0
+        m = self.step_medians()
+        if not n or m is None or m[0] <= 0:
             return None
-        comp = [t for s, t in self.step_seconds.items() if s < len(mask) and mask[s]]
-        if not comp:
-            return None
-        total = sum(self.step_seconds.values())
-        return len(self.step_seconds) * (sum(comp) / len(comp)) / total if total > 0 else None
+        return n / (k + (n - k) * m[1] / m[0])
+
+    def describe_measured(self) -> str:
+        """'measured 1.80× (medians of 2 computed and 8 skipped steps, first and last left out)', or why not."""
+        ms = self.measured_speedup()
+        if ms is None:
+            return "measured: too few steps timed (a computed and a skipped one after the first)" \
+                if self.step_seconds and self.skipped_steps else ""
+        m = self.step_medians()
+        if m is None:
+            return f"measured {ms:.2f}× (every step computed)"
+        return f"measured {ms:.2f}× (medians of {m[2]} computed and {m[3]} skipped steps, " \
+               f"{'the first' if m[4] else 'first and last'} left out)"
 
 
 class _StepClock:
     """Times sampler steps (and, in profile runs, the block stack inside them) without host syncs: CUDA events
-    on a GPU, read once at close; perf_counter on the CPU. Marks: "step" (a step's first stack entry), "in"/"out"
-    (the stack), "rec" (the end of a profile's recording after "out"), "end"; an interval counts for the step of
-    the mark it starts at."""
+    on a GPU, read once at close; perf_counter on the CPU. Marks: "step" (a step's first stack entry), "snap" (a
+    profile's snapshot of h before "in"), "in"/"out" (the stack), "rec" (the end of a profile's recording after
+    "out"), "end"; an interval counts for the step of the mark it starts at. Snapshot and recording are the
+    profile's own work: they count as recording, not as the model's time."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
@@ -130,7 +154,7 @@ class _StepClock:
             total[step] = total.get(step, 0.0) + s
             if tag == "in":
                 stack[step] = stack.get(step, 0.0) + s
-            elif tag == "out" and nxt == "rec":
+            elif (tag == "out" and nxt == "rec") or (tag == "snap" and nxt == "in"):
                 rec[step] = rec.get(step, 0.0) + s
         return total, stack, rec
 
@@ -207,7 +231,7 @@ class ResidualCache:
                 self._clock.mark("step", step)
                 self._last_clock_step = step
             if self.recorder is not None:  # profile runs also time the stack (the measured io share)
-                self._clock.mark("in", step)
+                self._clock.mark("snap", step)
         compute = self.step_computes(step)
         forced = False
         meta = (h.shape[0] // chunks, tuple(h.shape[1:]), h.dtype, h.device)  # per chunk
@@ -236,6 +260,8 @@ class ResidualCache:
         snaps = [self._snapshot(k, c, meta) for k, c in zip(keys, h.chunk(chunks, 0) if chunks > 1 else (h,))] \
             if keep else None
         self._pending = (h, snaps, keys, chunks, compute, forced, meta)
+        if self.recorder is not None and self._clock is not None and step is not None:
+            self._clock.mark("in", step)  # the snapshot above is the profile's own work, not the model's
         return compute
 
     def _snapshot(self, key: Hashable, h: torch.Tensor, meta: tuple) -> torch.Tensor:
@@ -365,8 +391,8 @@ class ResidualCache:
     def held_tensors(self) -> int:
         return sum(len(v) for v in self._deltas.values()) + (0 if self._pending is None else 1)
 
-    def summary(self, io_share: Optional[float] = None) -> str:
-        return self.stats.summary(self.mask, io_share)
+    def summary(self, io_share: Optional["IoShare | float"] = None) -> str:
+        return self.stats.summary(io_share)
 
 
 def format_bytes(n: int) -> str:

@@ -44,6 +44,7 @@ from safetensors.torch import save as st_save
 from .errors import GCacheError
 from .files import atomic_write_bytes
 from .fit_stats import FitStats
+from .io_share import IoShare, check_meta as check_io_meta, merged_runs
 
 log = logging.getLogger("gcache")
 
@@ -128,12 +129,16 @@ class Profile:
 
     @property
     def io_share(self) -> float:
-        """Share of a step's time outside the block stack: measured while profiling (the stack timed against the
-        whole model call) when the profile has it, else the parameter-count estimate it was made with (0: none)."""
-        t = self.meta.get("io_time")
-        if isinstance(t, dict) and t.get("call", 0) > 0:
-            return float(min(max(1.0 - t["stack"] / t["call"], 0.0), 0.99))
-        return float(self.meta.get("io_share", 0.0))
+        """Share of a step's time outside the block stack: measured while profiling (the median over runs of each
+        run's median over its steps, core/io_share.py) when the profile has it, else the parameter-count estimate
+        it was made with (0: none)."""
+        return self.io.value
+
+    @property
+    def io(self) -> IoShare:
+        """The io share with its range (none for profiles from before per-step timing or without timings) and
+        where it comes from."""
+        return IoShare.from_meta(self.meta)
 
     @property
     def defect(self) -> Optional[str]:
@@ -201,9 +206,10 @@ class Profile:
         dtypes = {d for m in (self.meta, other.meta) for d in str(m.get("residual_dtype", "")).split(",") if d}
         if dtypes:
             meta["residual_dtype"] = ",".join(sorted(dtypes))
-        ta, tb = self.meta.get("io_time"), other.meta.get("io_time")
-        if isinstance(ta, dict) and isinstance(tb, dict):  # timed runs add up
-            meta["io_time"] = {k: float(ta.get(k, 0.0)) + float(tb.get(k, 0.0)) for k in ("stack", "call")}
+        io_runs = merged_runs(self.meta, other.meta)  # timed runs: concatenated (an old total counts as one)
+        meta.pop("io_time", None)
+        if io_runs:
+            meta["io_runs"] = io_runs
         extra = {}
         for name in _OPTIONAL:
             a, b = getattr(self, name), getattr(other, name)
@@ -282,6 +288,7 @@ class Profile:
                 or (count == 0 and any(np.any(a != 0) for a in sums)):
             raise GCacheError(f"{source} is inconsistent (bad metadata, negative or non-zero-diagonal errors, or sums "
                               "without samples): it was edited or damaged. Delete it and profile again.")
+        check_io_meta(extra, source)
         return cls(n, arrays["e_sum"], count, arrays["delta_norm_sum"], arrays["rel_delta_sum"],
                    arrays["rel_h_sum"], arrays["times"], arrays["sigmas"], extra, **opt, e_definition=e_def)
 

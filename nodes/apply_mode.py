@@ -7,6 +7,7 @@ from typing import Callable, Optional
 
 from ..core.engine import CacheStats, ResidualCache
 from ..core import forecasters
+from ..core.io_share import IoShare
 from ..core.policy import Policy
 from .adapters import Route
 from .profile_mode import SPLITS
@@ -32,7 +33,7 @@ class ApplyConfig(RunConfig):
         fc = forecasters.get(pol.forecast if self.forecast is None else self.forecast)
         params = pol.forecast_params if fc.name == pol.forecast and placement.mask == pol.mask else {}
         mask, cache_device = placement.mask, self.cache_device
-        io_share = float(pol.metrics.get("io_share", self.io_share))  # measured by the profile it was made from
+        share = IoShare.from_metrics(pol.metrics, self.io_share)  # measured by the profile it was made from
 
         def finish(run: RunState, stats: CacheStats, ok: bool):
             self.warn_if_unpatched(run, stats)
@@ -40,7 +41,7 @@ class ApplyConfig(RunConfig):
                                  self.adapter.name if self.adapter.route == Route.FALLBACK else "",
                                  f"forecast {fc.name}, {fc.keeps} residuals kept per branch" if fc.keeps > 1 else "")
                      if x]
-            log.info("%s [%s, %s%s]%s", stats.summary(mask, io_share), self.model_name, sched.where(),
+            log.info("%s [%s, %s%s]%s", stats.summary(share), self.model_name, sched.where(),
                      "".join(f"; {x}" for x in extra), "" if ok else " (sampling did not finish)")
 
         # forecasting in the model's normalized time of the global schedule (t = σ for flow models)

@@ -115,7 +115,8 @@ class AutoConfig(RunConfig):
             if not (ok and os.path.isfile(prof_path)):
                 return  # Profile's own line said why nothing was added
             try:  # after sampling: a file problem is logged, never raised (the image is kept)
-                pol = self.build(name, Profile.load(prof_path))
+                prof = Profile.load(prof_path)
+                pol = self.build(name, prof)
             except GCacheError as e:
                 log.error("GCache Apply auto: could not make a policy from %s (%s); the next run tries again.",
                           os.path.basename(prof_path), e)
@@ -123,9 +124,9 @@ class AutoConfig(RunConfig):
             pol_name = os.path.basename(name.policy_path(self.folder))
             if self.forecast is not None:  # Apply's forecast input chose the forecaster: such policies aren't saved
                 log.info("GCache Apply auto: built the policy for the forecast input (%s; K = %d of %d, forecast %s, "
-                         "predicted %.2fx at a measured io share of %.3f), not saved as %s; the next run builds it "
-                         "again from the saved %s.", self.forecast, pol.n_computed, pol.n_steps, pol.forecast,
-                         pol.metrics["predicted_speedup"], pol.metrics["io_share"], pol_name,
+                         "%s at a measured %s), not saved as %s; the next run builds it again from the saved %s.",
+                         self.forecast, pol.n_computed, pol.n_steps, pol.forecast,
+                         prof.io.describe_speedup(pol.n_steps, pol.n_computed), prof.io.describe(), pol_name,
                          os.path.basename(prof_path))
                 return
             unsaved = self._save(pol, name.policy_path(self.folder))
@@ -133,9 +134,9 @@ class AutoConfig(RunConfig):
                 log.error("GCache Apply auto: could not save %s (%s); the next run builds it again from the saved %s.",
                           pol_name, unsaved, os.path.basename(prof_path))
                 return
-            log.info("GCache Apply auto: saved %s (K = %d of %d, forecast %s, predicted %.2fx at a measured io "
-                     "share of %.3f); the next run applies it.", pol_name, pol.n_computed,
-                     pol.n_steps, pol.forecast, pol.metrics["predicted_speedup"], pol.metrics["io_share"])
+            log.info("GCache Apply auto: saved %s (K = %d of %d, forecast %s, %s at a measured %s); the next run "
+                     "applies it.", pol_name, pol.n_computed, pol.n_steps, pol.forecast,
+                     prof.io.describe_speedup(pol.n_steps, pol.n_computed), prof.io.describe())
         run.on_close.append(finish)
         return run
 
@@ -261,7 +262,8 @@ class AutoConfig(RunConfig):
         """The best instant policy for the profile (not saved here: the caller saves it unless Apply's forecast
         input chose the forecaster)."""
         from ..search.instant import FEW_STEPS, choose_forecaster, instant_policy  # search/ once a policy is made
-        io_share = profile.io_share  # measured while profiling
+        share = profile.io  # measured while profiling: its median decides K, its range is reported
+        io_share = share.value
         k = k_for_speedup(profile.n_steps, self.speedup, io_share)
         why = out_of_reach(profile.n_steps, self.speedup, io_share)
         if why:
@@ -272,7 +274,7 @@ class AutoConfig(RunConfig):
             log.warning("GCache Apply auto: %s.", note)
         fc, scores = (self.forecast, {}) if self.forecast is not None else choose_forecaster(profile, k)
         pol = instant_policy(profile, k, "theory", forecast=fc)
-        pol.metrics.update(predicted_speedup=round(pol.predicted_speedup(io_share), 3), io_share=round(io_share, 4))
+        pol.metrics.update(share.metrics(pol.n_steps, pol.n_computed))
         pol.provenance["auto"] = {"model": self.model_name, "key": self.key, "speedup": self.speedup,
                                   "version": AUTO_VERSION, "forecaster_scores": {n: round(v, 6) for n, v in scores.items()},
                                   "forecaster": "Apply's forecast input" if self.forecast is not None else

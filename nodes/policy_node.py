@@ -89,11 +89,11 @@ class GCachePolicy(io.ComfyNode):
             log.warning("GCache Policy: %s.", note)
         s = parse_s(bernstein_s) if method == "bernstein" else None
         policy = instant_policy(profile, kk, method, s, forecast=cc.FORECAST[forecast])
-        io_share = profile.io_share
-        policy.metrics["predicted_speedup"] = round(policy.predicted_speedup(io_share), 3)
+        share = profile.io  # the io share the profile measured, with its range
+        policy.metrics.update(share.metrics(profile.n_steps, kk))
         ms = (time.perf_counter() - t0) * 1e3
-        log.info("GCache Policy: %s, K = %d of %d, predicted speed-up %.2fx (io share %.3f), %.1f ms: %s", method, kk,
-                 profile.n_steps, policy.metrics["predicted_speedup"], io_share, ms, policy.describe())
+        log.info("GCache Policy: %s, K = %d of %d, %s (%s), %.1f ms: %s", method, kk, profile.n_steps,
+                 share.describe_speedup(profile.n_steps, kk), share.describe(), ms, policy.describe())
         if path:
             try:
                 policy.save(path)
@@ -103,5 +103,5 @@ class GCachePolicy(io.ComfyNode):
             log.info("GCache Policy: saved %s", os.path.basename(path))
         image = plot_policy(policy, propagation_weights(profile, method, s),
                             f"w_j per step ({method}), K = {kk} of {profile.n_steps}, predicted "
-                            f"{policy.metrics['predicted_speedup']:.2f}x")
+                            f"{share.speedup_text(profile.n_steps, kk)}")
         return io.NodeOutput(policy, cc.pil_to_image(image))

@@ -9,6 +9,7 @@ from typing import Callable, Optional
 
 from ..core.engine import CacheStats, ResidualCache, format_bytes
 from ..core.errors import GCacheError
+from ..core.io_share import run_summary
 from ..core.profile import Profile, ProfileRecorder
 from . import artifacts
 from .comfy_common import FOLDER_FIX, cant_write
@@ -17,6 +18,7 @@ from .runtime import RunState
 from .steps import Schedule
 
 log = logging.getLogger("gcache")
+_IO_STEPS = "io_step_shares"  # a run's per-step io shares until its last part is sampled (then one "io_runs" entry)
 
 
 @dataclass
@@ -135,10 +137,10 @@ class ProfileConfig(RunConfig):
             if run.disabled is not None:
                 log.info("GCache Profile: this run recorded nothing (%s); nothing was added.", run.disabled)
                 return not_added(f"the run recorded nothing: {run.disabled}")
-            timed = stats.io_time()  # the block stack against whole steps: the measured io share
-            if timed is not None and recorder is not None:
-                old_t = recorder.meta.get("io_time") or {"stack": 0.0, "call": 0.0}
-                recorder.meta["io_time"] = {k: old_t[k] + timed[k] for k in ("stack", "call")}
+            if recorder is not None:  # the block stack against whole steps: the measured io share, step by step
+                shares = recorder.meta.pop(_IO_STEPS, []) + stats.io_step_shares()  # (a split run's parts together)
+                if shares:
+                    recorder.meta[_IO_STEPS] = shares
             if sched.end < sched.n_global:
                 SPLITS.put(path, _Half(recorder, key, sched.end, sched.sigmas, SPLITS.prompt_id()))
                 if recorder is not None:
@@ -147,6 +149,9 @@ class ProfileConfig(RunConfig):
                 return
             if recorder is None:
                 return
+            shares = recorder.meta.pop(_IO_STEPS, [])
+            if shares:
+                recorder.meta["io_runs"] = [run_summary(shares)]
             prof = recorder.finish()
             if prof.count == 0:
                 log.warning("GCache Profile: no branch recorded every step; nothing was added.")

@@ -5,7 +5,8 @@
 1. Profile: full-compute runs on the profile seeds record E[i, j] = mean |δ_i − δ_j|.
 2. Policy: the exact DP over the profile for K computed steps (local weights w = 0 here; GCache Search
    learns w(t; s) against the real image loss: `python -m gcache.reference_model.search`).
-3. Apply: other seeds, full vs accelerated; prints N, K, predicted and measured speed-up, PSNR/SSIM.
+3. Apply: other seeds, full vs accelerated; prints N, K, predicted speed-up (from the io share the profiling runs
+   measured, with its range) and measured speed-up (median of alternating full/GCache run pairs), PSNR/SSIM.
 Writes profile.safetensors, policy.json and grid.png (top row full compute, bottom row GCache).
 """
 from __future__ import annotations
@@ -56,15 +57,17 @@ def save_grid(rows: list[torch.Tensor], path: str, scale: int = 4) -> None:
     Image.fromarray(canvas).save(path)
 
 
-def interleaved_medians(fns, repeats: int) -> list[float]:
-    """Median seconds of each fn, run A B A B … so that load changes on a shared machine hit all alike."""
-    times = [[] for _ in fns]
+def paired_ratios(full, fast, repeats: int) -> tuple[list[float], list[float]]:
+    """Seconds of `repeats` full and fast runs, alternating (full, fast, full, …) so that load changes on a shared
+    machine hit both alike, after one unmeasured pair (warm-up)."""
+    full(), fast()
+    t_full, t_fast = [], []
     for _ in range(repeats):
-        for t, fn in zip(times, fns):
+        for t, fn in ((t_full, full), (t_fast, fast)):
             t0 = time.perf_counter()
             fn()
             t.append(time.perf_counter() - t0)
-    return [statistics.median(t) for t in times]
+    return t_full, t_fast
 
 
 PROG = command_name(__spec__.name)
@@ -120,17 +123,19 @@ def _run(a) -> int:
     profile.save(os.path.join(a.out, "profile.safetensors"))
 
     mask, bound = dp_mask(profile.E, np.zeros(a.steps), a.k)
-    io_share = harness.measured_io_share(n_images=a.eval_seeds)
+    io = profile.io  # measured while profiling: per-step shares, medians over steps and runs
     policy = harness.policy_from_mask(mask, "local_dp", profile_seeds=profile_seeds, bound=bound)
-    policy.metrics["predicted_speedup"] = round(policy.predicted_speedup(io_share), 3)
+    policy.metrics.update(io.metrics(policy.n_steps, policy.n_computed))
 
     full = harness.full(eval_seeds)
     fast, stats = harness.run(eval_seeds, mask=mask)
-    t_full, t_fast = interleaved_medians([lambda: harness.run(eval_seeds), lambda: harness.run(eval_seeds, mask=mask)],
-                                         a.repeats)
+    t_full, t_fast = paired_ratios(lambda: harness.run(eval_seeds), lambda: harness.run(eval_seeds, mask=mask),
+                                   a.repeats)
+    ratios = [f / q for f, q in zip(t_full, t_fast)]
+    measured = statistics.median(ratios)  # the median of per-pair ratios: one slow run moves one ratio
     p, s = psnr(fast, full), ssim(fast, full)
-    policy.metrics.update(psnr=round(p, 3), ssim=round(s, 4), measured_speedup=round(t_full / t_fast, 3),
-                          eval_seeds=eval_seeds)
+    policy.metrics.update(psnr=round(p, 3), ssim=round(s, 4), measured_speedup=round(measured, 3),
+                          measured_speedup_range=[round(min(ratios), 3), round(max(ratios), 3)], eval_seeds=eval_seeds)
     policy.save(os.path.join(a.out, "policy.json"))
     save_grid([full, fast], os.path.join(a.out, "grid.png"))
 
@@ -138,8 +143,10 @@ def _run(a) -> int:
           f"(runs × CFG branches), {profile.n_steps} steps, {t_profile:.1f}s")
     print(f"policy    {policy.describe()}  (█ compute, · reuse; DP bound {bound:.4g})")
     print(f"N = {a.steps}, K = {a.k}")
-    print(f"speed-up  predicted {policy.metrics['predicted_speedup']:.2f}x (io share {io_share:.3f}), "
-          f"measured {t_full / t_fast:.2f}x (median of {a.repeats}: {t_full * 1e3:.0f} ms → {t_fast * 1e3:.0f} ms)")
+    print(f"speed-up  {io.describe_speedup(a.steps, policy.n_computed)} from the profile's {io.describe()}")
+    print(f"          measured {measured:.2f}× ({min(ratios):.2f}–{max(ratios):.2f}; median of {a.repeats} full/GCache "
+          f"run pairs of {len(eval_seeds)} seeds: {statistics.median(t_full) * 1e3:.0f} ms → "
+          f"{statistics.median(t_fast) * 1e3:.0f} ms)")
     print(f"quality   PSNR {p:.2f} dB, SSIM {s:.4f} vs full compute on {len(eval_seeds)} held-out seeds")
     print(f"engine    computed {stats.computed_steps}, skipped {stats.skipped_steps}, "
           f"block runs per branch {stats.block_runs}, cache peak {stats.peak_bytes / 1024:.1f} KiB")

@@ -3,13 +3,13 @@ full-compute reference runs, runs under a mask, profiling, and an `evaluate(mask
 """
 from __future__ import annotations
 
-import time
 from typing import Callable, Optional, Sequence
 
 import torch
 
 from ..core import forecasters
 from ..core.engine import CacheStats, ResidualCache
+from ..core.io_share import run_summary
 from ..core.policy import Policy
 from ..core.profile import Profile, ProfileRecorder
 from .model import TinyDiT, load_model
@@ -59,8 +59,9 @@ class ReferenceHarness:
         """One full-compute run per seed batch; every CFG branch of every run is one sample of E (and E1)."""
         rec = ProfileRecorder(self.times, self.sigmas, self.meta, history_device=history_device, forecast=forecast)
         images, stats = self.run(seeds, mask=None, recorder=rec)
-        if stats.io_time() is not None:  # the stack timed against whole steps: the measured io share
-            rec.meta["io_time"] = stats.io_time()
+        shares = stats.io_step_shares()  # the stack timed against whole steps: the measured io share
+        if shares:
+            rec.meta["io_runs"] = [run_summary(shares)]
         self._full_cache.setdefault(tuple(int(s) for s in seeds), images)  # a profiled run is a full run
         return rec.finish()
 
@@ -77,31 +78,6 @@ class ReferenceHarness:
             img, _ = self.run(seeds, mask=list(mask), forecast=fc.name, forecast_params=params)
             return [float(objective(img[i:i + 1], ref[i:i + 1])) for i in range(img.shape[0])]
         return evaluate
-
-    def measured_io_share(self, n_images: int = 1, repeats: int = 5) -> float:
-        """T_io / T for a batch of n_images (CFG doubles it): a step whose block stack is skipped over a full
-        step, medians of interleaved timings."""
-        model = self.model
-        b = n_images * (2 if self.cfg_scale != 1.0 else 1)
-        x = torch.randn(b, model.cfg.channels, model.cfg.image_size, model.cfg.image_size)
-        s = torch.full((b,), 0.5)
-        y = torch.full((b,), 1, dtype=torch.long)
-        skip = lambda h, b, run: h  # noqa: E731  (f_in + f_out only)
-        full_t, io_t = [], []
-        with torch.no_grad():
-            for _ in range(2):
-                model(x, s, y), model(x, s, y, stack=skip)
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                model(x, s, y)
-                t1 = time.perf_counter()
-                model(x, s, y, stack=skip)
-                t2 = time.perf_counter()
-                full_t.append(t1 - t0)
-                io_t.append(t2 - t1)
-        full_t.sort()
-        io_t.sort()
-        return min(1.0, io_t[len(io_t) // 2] / full_t[len(full_t) // 2])
 
     def policy_from_mask(self, mask: Sequence[int], method: str, **prov) -> Policy:
         return Policy(mask=list(mask), times=list(self.times), sigmas=list(self.sigmas), method=method,

@@ -64,7 +64,7 @@ def instant_policy(profile: Profile, k: int, method: str = "theory", s: Optional
         prov["s"] = [float(v) for v in s]
     return Policy(mask=list(mask), times=[float(t) for t in profile.times], sigmas=[float(v) for v in profile.sigmas],
                   method=instant_name(method, fc.name), provenance=prov, forecast=fc.name,
-                  forecast_params=fc.fit(profile, mask), metrics={"io_share": round(profile.io_share, 4)})
+                  forecast_params=fc.fit(profile, mask), metrics=profile.io.metrics(len(mask), int(sum(mask))))
 
 
 def instant_name(method: str, forecast: str) -> str:

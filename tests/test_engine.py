@@ -198,17 +198,49 @@ def test_delta_not_stored_between_computed_steps():
 
 
 def test_summary_reports_counts_and_speedup():
-    cache = ResidualCache([1, 0, 0, 1])
-    for i in range(4):
+    cache = ResidualCache([1, 0, 1, 0, 0, 1])
+    for i in range(6):
         cache.set_step(i)
         cache.run(torch.ones(1, 2, 2), ["c"], lambda h: h * 3)
     cache.close()
-    line = cache.summary(io_share=0.1)
-    assert "computed 2/4 steps" in line and "skipped 2" in line and "predicted speed-up 1.82x" in line
-    t = cache.stats.step_seconds  # this run's own step timings: N · mean computed step / total
-    assert sorted(t) == [0, 1, 2, 3] and f"measured {4 * (t[0] + t[3]) / 2 / sum(t.values()):.2f}x" in line
-    cache.stats.step_seconds = {0: 1.0, 1: 0.1, 2: 0.1, 3: 1.0}  # skipped steps cost a tenth: 4 · 1 / 2.2
-    assert cache.stats.measured_speedup(cache.mask) == pytest.approx(4 / 2.2)
+    line = cache.summary(io_share=0.1)  # 6 / (3 + 3 · 0.1) = 1.818…
+    assert "computed 3/6 steps" in line and "skipped 3" in line
+    assert "predicted 1.82× (no range: io share given without a range)" in line
+    t = cache.stats.step_seconds  # this run's own steps between the first and the last: step 2 computed, 1, 3, 4 not
+    assert sorted(t) == list(range(6))
+    ts = sorted([t[1], t[3], t[4]])[1]
+    assert f"measured {6 / (3 + 3 * ts / t[2]):.2f}× (medians of 1 computed and 3 skipped steps, first and last " \
+           "left out)" in line
+    # hand-made timings: a slow first step (warm-up) and the last one do not count; medians of the rest
+    cache.stats.step_seconds = {0: 9.0, 1: 0.2, 2: 1.0, 3: 0.3, 4: 0.2, 5: 0.4}
+    assert cache.stats.measured_speedup() == pytest.approx(6 / (3 + 3 * 0.2))  # = 1.666…
+    cache.stats.step_seconds[0] = 0.5
+    assert cache.stats.measured_speedup() == pytest.approx(6 / 3.6)
+    cache.stats.decided = {0: True, 1: False, 2: True, 3: False, 4: False, 5: True}
+    cache.stats.step_seconds = {0: 1.0, 1: 0.1, 2: 1.0, 3: 0.3, 4: 0.1, 5: 1.0}
+    assert cache.stats.step_medians() == (1.0, 0.1, 1, 3, False)
+    # no computed step between the first and the last (K = 2): the last one counts, the warm-up step never
+    short = ResidualCache([1, 0, 0, 1])
+    for i in range(4):
+        short.set_step(i)
+        short.run(torch.ones(1, 2, 2), ["c"], lambda h: h * 3)
+    short.close()
+    short.stats.step_seconds = {0: 7.0, 1: 0.2, 2: 0.3, 3: 0.8}
+    assert short.stats.step_medians() == (0.8, 0.25, 1, 2, True)
+    assert short.stats.measured_speedup() == pytest.approx(4 / (2 + 2 * 0.25 / 0.8))  # = 4 / 2.625 = 1.524
+    assert "measured 1.52× (medians of 1 computed and 2 skipped steps, the first left out)" in short.summary(0.1)
+    alone = ResidualCache([1, 0])  # a skipped step only after the first: nothing to compare it with
+    for i in range(2):
+        alone.set_step(i)
+        alone.run(torch.ones(1, 2, 2), ["c"], lambda h: h * 3)
+    alone.close()
+    assert alone.stats.measured_speedup() is None and "measured: too few steps timed" in alone.summary(0.1)
+    every = ResidualCache([1, 1, 1])
+    for i in range(3):
+        every.set_step(i)
+        every.run(torch.ones(1, 2, 2), ["c"], lambda h: h * 3)
+    every.close()
+    assert every.stats.measured_speedup() == 1.0 and "measured 1.00× (every step computed)" in every.summary()
 
 
 def test_small_caches_are_reported_in_a_readable_unit():
