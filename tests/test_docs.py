@@ -57,9 +57,23 @@ def pyproject() -> dict:
         return tomllib.load(f)
 
 
+_ROOTS: list = []
+
+
 def repo_roots() -> set[str]:
-    """Top-level entries of the repository: a word starting with one of them is a path the docs promise exists."""
-    return {e for e in os.listdir(REPO) if not e.startswith(".") or e == ".ci"} - {".venv", "__pycache__"}
+    """Top-level entries of the repository (git's tracked files; without git, the folder less hidden entries and
+    caches): a word starting with one of them is a path the docs promise exists. Output folders a command made
+    (`demo_out/`) are not among them."""
+    if not _ROOTS:
+        try:
+            files = subprocess.run(["git", "-C", REPO, "ls-files"], capture_output=True, text=True, timeout=60,
+                                   check=True).stdout.split()
+            roots = {f.split("/")[0] for f in files}
+        except (OSError, subprocess.SubprocessError):
+            roots = set()
+        _ROOTS.append(roots | {"docs"} if roots else
+                      {e for e in os.listdir(REPO) if not e.startswith(".") or e == ".ci"} - {"__pycache__"})
+    return _ROOTS[0]
 
 
 # ---------------------------------------------------------------------------------------------------------------
