@@ -19,6 +19,7 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -30,15 +31,18 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def profile_module_at(rev: str):
     """core/profile.py as it was at `rev`, imported as a module of this package (relative imports resolve to
-    this tree's core/)."""
+    this tree's core/). The old source is written to a temporary file and loaded by importlib's file loader."""
     src = subprocess.run(["git", "-C", REPO, "show", f"{rev}:core/profile.py"], check=True, capture_output=True,
                          text=True).stdout
     name = f"{current.__package__}._profile_at_{rev[:12]}"
-    spec = importlib.util.spec_from_loader(name, loader=None)
+    folder = tempfile.mkdtemp(prefix="gcache-recorder-")
+    path = os.path.join(folder, f"profile_at_{rev[:12]}.py")
+    with open(path, "w") as f:
+        f.write(src)
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
-    mod.__package__ = current.__package__
     sys.modules[name] = mod
-    exec(compile(src, f"{rev}:core/profile.py", "exec"), mod.__dict__)
+    spec.loader.exec_module(mod)
     return mod
 
 

@@ -6,7 +6,7 @@ import pytest
 
 COMFY = os.environ.get("COMFYUI_PATH")
 REASON = ("COMFYUI_PATH is not set: the real-ComfyUI suite needs a ComfyUI checkout "
-          "(COMFYUI_PATH=/path/to/ComfyUI pytest tests/comfyui); see README").strip()
+          "(COMFYUI_PATH=/path/to/ComfyUI pytest tests/comfyui); see docs/development.md").strip()
 collect_ignore = ["gcache_test_pack", "tiny_models.py", "tiny_image_models.py", "tiny_video_models.py",
                   "comfy_server.py"]
 
