@@ -47,8 +47,8 @@ def main(argv=None) -> dict:
     import tiny_image_models_033 as tim33
 
     from ..core.profile import Profile
-    from ..nodes import hooks
-    from ..nodes.adapters import FALLBACK
+    from ..nodes.patching import hooks
+    from ..nodes.patching.adapters import FALLBACK
     from ..nodes.apply_mode import ApplyConfig
     from ..nodes.profile_mode import ProfileConfig
     from ..nodes.run_config import RunConfig

@@ -9,11 +9,11 @@ from ..core.engine import CacheStats, ResidualCache
 from ..core import forecasters
 from ..core.io_share import IoShare
 from ..core.policy import Policy
-from .adapters import Route
+from .patching.adapters import Route
 from .profile_mode import SPLITS
 from .run_config import RunConfig, check_step_mismatch, where_run
-from .runtime import RunState
-from .steps import place_policy
+from .patching.runtime import RunState
+from .patching.steps import place_policy
 
 log = logging.getLogger("gcache")
 

@@ -6,7 +6,8 @@ from comfy_api.latest import io
 from ..core.errors import GCacheError
 from ..core.policy import Policy
 from . import comfy_common as cc
-from . import artifacts, companions, hooks
+from . import artifacts
+from .patching import companions, hooks
 from .apply_mode import apply_config
 from .auto_mode import auto_config
 from .run_config import CACHE_DEVICES, STEP_MISMATCH

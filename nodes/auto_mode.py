@@ -32,11 +32,11 @@ from ..core.profile import Profile
 from . import artifacts
 from .apply_mode import ApplyConfig
 from .comfy_common import FOLDER_FIX, cant_write
-from .content_hash import content_hash
+from .patching.content_hash import content_hash
 from .profile_mode import ProfileConfig
 from .run_config import RunConfig, catalog_for, check_step_mismatch
-from .runtime import RunState
-from .steps import Schedule, place_run
+from .patching.runtime import RunState
+from .patching.steps import Schedule, place_run
 
 log = logging.getLogger("gcache")
 # 3: built from a profile whose E is the mean absolute difference (profile format 2); 2: the forecaster the profile

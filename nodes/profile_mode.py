@@ -14,8 +14,8 @@ from ..core.profile import Profile, ProfileRecorder
 from . import artifacts
 from .comfy_common import FOLDER_FIX, cant_write
 from .run_config import RunConfig, where_run
-from .runtime import RunState
-from .steps import Schedule
+from .patching.runtime import RunState
+from .patching.steps import Schedule
 
 log = logging.getLogger("gcache")
 _IO_STEPS = "io_step_shares"  # a run's per-step io shares until its last part is sampled (then one "io_runs" entry)

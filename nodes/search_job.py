@@ -20,11 +20,12 @@ from ..core.profile import Profile
 from ..search.bilevel import SearchConfig, SearchInterrupted, SearchResult, run_search
 from ..search.objectives import make_objective
 from ..search.state import check_state, load_state
-from . import artifacts, hooks
+from . import artifacts
+from .patching import hooks
 from .apply_mode import apply_config
 from .auto_mode import auto_name
 from .comfy_common import FOLDER_FIX, cant_write
-from .content_hash import content_hash
+from .patching.content_hash import content_hash
 from .profile_mode import profile_config
 from .sampling import decode, sample
 

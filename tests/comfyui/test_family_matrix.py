@@ -24,9 +24,10 @@ import tiny_video_models as tvm  # noqa: E402
 
 from gcache.core.policy import Policy  # noqa: E402
 from gcache.core.profile import Profile  # noqa: E402
-from gcache.nodes import apply_mode, hooks, profile_mode  # noqa: E402
-from gcache.nodes.adapters import Route, block_slots  # noqa: E402
-from gcache.nodes.streams import Layout  # noqa: E402
+from gcache.nodes import apply_mode, profile_mode  # noqa: E402
+from gcache.nodes.patching import hooks  # noqa: E402
+from gcache.nodes.patching.adapters import Route, block_slots  # noqa: E402
+from gcache.nodes.patching.streams import Layout  # noqa: E402
 
 N = 6
 MASK = [1, 0, 0, 1, 0, 1]  # K = 3: a skip after every computed step, two skips in a row once
