@@ -49,9 +49,9 @@ def main(argv=None) -> dict:
     from ..core.profile import Profile
     from ..nodes.patching import hooks
     from ..nodes.patching.adapters import FALLBACK
-    from ..nodes.apply_mode import ApplyConfig
-    from ..nodes.profile_mode import ProfileConfig
-    from ..nodes.run_config import RunConfig
+    from ..nodes.modes.apply import ApplyConfig
+    from ..nodes.modes.base import RunConfig
+    from ..nodes.modes.profile import ProfileConfig
     from ..search.instant import instant_policy
 
     out = {"N": a.steps, "K": a.k, "held_out_seeds": a.seeds}

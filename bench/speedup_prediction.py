@@ -206,7 +206,7 @@ def comfyui(reruns: int, repeats: int) -> dict:
     import tiny_models as tm
 
     from ..core.policy import Policy
-    from ..nodes import apply_mode, profile_mode
+    from ..nodes.modes import apply as apply_mode, profile as profile_mode
     from ..nodes.patching import hooks
     n = 12
     out = {}

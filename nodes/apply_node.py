@@ -8,9 +8,9 @@ from ..core.policy import Policy
 from . import comfy_common as cc
 from . import artifacts
 from .patching import companions, hooks
-from .apply_mode import apply_config
-from .auto_mode import auto_config
-from .run_config import CACHE_DEVICES, STEP_MISMATCH
+from .modes.apply import apply_config
+from .modes.auto import auto_config
+from .modes.base import CACHE_DEVICES, STEP_MISMATCH
 
 
 class GCacheApply(io.ComfyNode):

@@ -12,8 +12,8 @@ from ..search.plots import plot_profile
 from . import artifacts
 from .patching import companions, hooks
 from . import comfy_common as cc
-from .profile_mode import profile_config
-from .run_config import CACHE_DEVICES
+from .modes.profile import profile_config
+from .modes.base import CACHE_DEVICES
 
 log = logging.getLogger("gcache")
 

@@ -22,11 +22,11 @@ from ..search.objectives import make_objective
 from ..search.state import check_state, load_state
 from . import artifacts
 from .patching import hooks
-from .apply_mode import apply_config
-from .auto_mode import auto_name
+from .modes.apply import apply_config
+from .modes.auto import auto_name
 from .comfy_common import FOLDER_FIX, cant_write
 from .patching.content_hash import content_hash
-from .profile_mode import profile_config
+from .modes.profile import profile_config
 from .sampling import decode, sample
 
 log = logging.getLogger("gcache")

@@ -15,10 +15,10 @@ from comfy.patcher_extension import WrappersMP
 
 from . import companions
 from .adapters import Route, block_slots
-from ..apply_mode import ApplyConfig
-from ..auto_mode import AutoConfig
+from ..modes.apply import ApplyConfig
+from ..modes.auto import AutoConfig
 from .content_hash import content_hash
-from ..profile_mode import ProfileConfig
+from ..modes.profile import ProfileConfig
 from .runtime import activate, current_run, deactivate, make_dit_patch, make_gated_forward
 
 log = logging.getLogger("gcache")

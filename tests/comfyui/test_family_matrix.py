@@ -24,7 +24,7 @@ import tiny_video_models as tvm  # noqa: E402
 
 from gcache.core.policy import Policy  # noqa: E402
 from gcache.core.profile import Profile  # noqa: E402
-from gcache.nodes import apply_mode, profile_mode  # noqa: E402
+from gcache.nodes.modes import apply as apply_mode, profile as profile_mode  # noqa: E402
 from gcache.nodes.patching import hooks  # noqa: E402
 from gcache.nodes.patching.adapters import Route, block_slots  # noqa: E402
 from gcache.nodes.patching.streams import Layout  # noqa: E402

@@ -24,19 +24,19 @@ from typing import Callable, Optional
 
 import torch
 
-from ..core.engine import CacheStats
-from ..core.errors import GCacheError
-from ..core import forecasters
-from ..core.policy import Policy, few_computed, k_for_speedup, out_of_reach, predicted_speedup
-from ..core.profile import Profile
-from . import artifacts
-from .apply_mode import ApplyConfig
-from .comfy_common import FOLDER_FIX, cant_write
-from .patching.content_hash import content_hash
-from .profile_mode import ProfileConfig
-from .run_config import RunConfig, catalog_for, check_step_mismatch
-from .patching.runtime import RunState
-from .patching.steps import Schedule, place_run
+from ...core.engine import CacheStats
+from ...core.errors import GCacheError
+from ...core import forecasters
+from ...core.policy import Policy, few_computed, k_for_speedup, out_of_reach, predicted_speedup
+from ...core.profile import Profile
+from .. import artifacts
+from .apply import ApplyConfig
+from ..comfy_common import FOLDER_FIX, cant_write
+from ..patching.content_hash import content_hash
+from .profile import ProfileConfig
+from .base import RunConfig, catalog_for, check_step_mismatch
+from ..patching.runtime import RunState
+from ..patching.steps import Schedule, place_run
 
 log = logging.getLogger("gcache")
 # 3: built from a profile whose E is the mean absolute difference (profile format 2); 2: the forecaster the profile
@@ -261,7 +261,7 @@ class AutoConfig(RunConfig):
     def build(self, name: artifacts.AutoName, profile: Profile) -> Policy:
         """The best instant policy for the profile (not saved here: the caller saves it unless Apply's forecast
         input chose the forecaster)."""
-        from ..search.instant import FEW_STEPS, choose_forecaster, instant_policy  # search/ once a policy is made
+        from ...search.instant import FEW_STEPS, choose_forecaster, instant_policy  # search/ once a policy is made
         share = profile.io  # measured while profiling: its median decides K, its range is reported
         io_share = share.value
         k = k_for_speedup(profile.n_steps, self.speedup, io_share)

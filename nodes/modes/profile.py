@@ -7,15 +7,15 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from ..core.engine import CacheStats, ResidualCache, format_bytes
-from ..core.errors import GCacheError
-from ..core.io_share import run_summary
-from ..core.profile import Profile, ProfileRecorder
-from . import artifacts
-from .comfy_common import FOLDER_FIX, cant_write
-from .run_config import RunConfig, where_run
-from .patching.runtime import RunState
-from .patching.steps import Schedule
+from ...core.engine import CacheStats, ResidualCache, format_bytes
+from ...core.errors import GCacheError
+from ...core.io_share import run_summary
+from ...core.profile import Profile, ProfileRecorder
+from .. import artifacts
+from ..comfy_common import FOLDER_FIX, cant_write
+from .base import RunConfig, where_run
+from ..patching.runtime import RunState
+from ..patching.steps import Schedule
 
 log = logging.getLogger("gcache")
 _IO_STEPS = "io_step_shares"  # a run's per-step io shares until its last part is sampled (then one "io_runs" entry)

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 
 import comfy.samplers
 
-from ..core.engine import CacheStats
-from ..core.errors import GCacheError
-from .patching.adapters import Adapter, Route, choose_adapter, estimated_io_share
-from .patching.runtime import RunState
-from .patching.steps import Schedule, ScheduleCatalog, StepTracker, model_time, normalized_times, place_run
+from ...core.engine import CacheStats
+from ...core.errors import GCacheError
+from ..patching.adapters import Adapter, Route, choose_adapter, estimated_io_share
+from ..patching.runtime import RunState
+from ..patching.steps import Schedule, ScheduleCatalog, StepTracker, model_time, normalized_times, place_run
 
 log = logging.getLogger("gcache")
 CACHE_DEVICES = {"model device": None, "cpu": "cpu"}  # the nodes' combo options → torch device (None: model's)

@@ -5,15 +5,15 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from ..core.engine import CacheStats, ResidualCache
-from ..core import forecasters
-from ..core.io_share import IoShare
-from ..core.policy import Policy
-from .patching.adapters import Route
-from .profile_mode import SPLITS
-from .run_config import RunConfig, check_step_mismatch, where_run
-from .patching.runtime import RunState
-from .patching.steps import place_policy
+from ...core.engine import CacheStats, ResidualCache
+from ...core import forecasters
+from ...core.io_share import IoShare
+from ...core.policy import Policy
+from ..patching.adapters import Route
+from .profile import SPLITS
+from .base import RunConfig, check_step_mismatch, where_run
+from ..patching.runtime import RunState
+from ..patching.steps import place_policy
 
 log = logging.getLogger("gcache")
 
