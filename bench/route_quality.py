@@ -50,7 +50,7 @@ def main(argv=None) -> dict:
     from ..nodes.patching import hooks
     from ..nodes.patching.adapters import FALLBACK
     from ..nodes.modes.apply import ApplyConfig
-    from ..nodes.modes.base import RunConfig
+    from ..nodes.modes.base import ModeConfig
     from ..nodes.modes.profile import ProfileConfig
     from ..search.instant import instant_policy
 
@@ -65,7 +65,7 @@ def main(argv=None) -> dict:
 
         routes = {}
         for route in ("block stack", "whole model"):
-            desc = RunConfig.describe(dm)
+            desc = ModeConfig.describe(dm)
             if route == "whole model":
                 desc.update(adapter=FALLBACK, io_share=0.0)
             with tempfile.TemporaryDirectory() as tmp:

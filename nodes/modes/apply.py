@@ -1,32 +1,30 @@
-"""GCache Apply's mode: sample under a policy (skip the block stack on its reuse steps). Imports ComfyUI."""
+"""GCache Apply's mode: sample under a policy (skip the block stack on its reuse steps). Imports ComfyUI (base.py)."""
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from ...core.engine import CacheStats, ResidualCache
 from ...core import forecasters
+from ...core.engine import CacheStats, ResidualCache
 from ...core.io_share import IoShare
 from ...core.policy import Policy
 from ..patching.adapters import Route
-from .profile import SPLITS
-from .base import RunConfig, check_step_mismatch, where_run
 from ..patching.runtime import RunState
 from ..patching.steps import place_policy
+from .base import ModeConfig, check_step_mismatch, where_run
 
 log = logging.getLogger("gcache")
 
 
 @dataclass
-class ApplyConfig(RunConfig):
+class ApplyConfig(ModeConfig):
     policy: Optional[Policy] = None
     on_mismatch: str = "remap"       # "remap" | "error"
     cache_device: Optional[str] = None  # None: the model's device; "cpu"
     forecast: Optional[str] = None   # None: the policy's forecaster; a forecaster's name overrides it
 
-    def start_run(self, patcher, run_sigmas: list[float], sample_key: Callable[[], str]) -> RunState:
-        SPLITS.expire()  # a new prompt drops abandoned split recordings, whichever GCache node samples first
+    def begin(self, patcher, run_sigmas: list[float], sample_key: Callable[[], str]) -> RunState:
         pol = self.policy
         sched, times, tracker = where_run(patcher, run_sigmas, pol.sigmas, lambda s: pol.n_steps == s.n_run)
         placement = place_policy(pol, sched, times, self.on_mismatch)
@@ -52,6 +50,6 @@ class ApplyConfig(RunConfig):
 def apply_config(model, policy: Policy, on_mismatch: str = "remap", cache_device: Optional[str] = None,
                  forecast: Optional[int] = None) -> ApplyConfig:
     check_step_mismatch(on_mismatch)
-    return ApplyConfig(**RunConfig.describe(model.get_model_object("diffusion_model")), policy=policy,
+    return ApplyConfig(**ModeConfig.describe(model.get_model_object("diffusion_model")), policy=policy,
                        on_mismatch=on_mismatch, cache_device=cache_device,
                        forecast=None if forecast is None else forecasters.canonical(forecast))

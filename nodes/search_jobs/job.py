@@ -24,7 +24,7 @@ from .. import artifacts
 from ..patching import hooks
 from ..modes.apply import apply_config
 from ..modes.auto import auto_name
-from ..comfy_common import FOLDER_FIX, cant_write
+from ..artifacts import FOLDER_FIX, cant_write
 from ..patching.content_hash import content_hash
 from ..modes.profile import profile_config
 from .sampling import decode, sample
