@@ -12,6 +12,7 @@ from ...core.engine import CacheStats, ResidualCache, format_bytes
 from ...core.errors import GCacheError
 from ...core.io_share import run_summary
 from ...core.profile import Profile, ProfileRecorder
+from ...core.step_clock import StepClock
 from .. import artifacts
 from ..artifacts import FOLDER_FIX, cant_write
 from ..patching.runtime import RunState
@@ -108,7 +109,12 @@ class ProfileConfig(ModeConfig):
             if why:
                 not_added(why)
 
-        return RunState(lambda: ResidualCache(None, recorder=recorder), tracker, self.owner, on_close=finish)
+        def engine() -> ResidualCache:  # one per device lane, with a clock of its own; the recorder is the run's
+            if recorder is None:  # a duplicate run: sampled and timed, recorded by nobody
+                return ResidualCache(None, observers=(StepClock(),))
+            return ResidualCache(None, observers=(recorder, StepClock(stack=True)))  # the stack timed: the io share
+
+        return RunState(engine, tracker, self.owner, on_close=finish)
 
     def _add(self, prof: Profile, sched: Schedule) -> Optional[str]:
         """Merge into the file. A file damaged or replaced during sampling, or a folder that cannot be written,
