@@ -1,5 +1,5 @@
 """GCache Search: the bilevel search (search/bilevel.py) with real sampling inside the node, in the foreground or in
-background slices (background.py)."""
+background slices (search_jobs/)."""
 from __future__ import annotations
 
 import logging

@@ -44,7 +44,7 @@ for _mod in (tim, tvm):
         FAMILIES[_name] = (_build, _mod.FIRST_BLOCK[_name], _mod.EXPECTED_FAMILY[_name])
 
 # The DiT families that are new in ComfyUI 0.33 and the route each is verified with (or the whole-model fallback, with
-# the reason nodes/adapters.NOT_BY_BLOCKS gives); the builders are in tiny_*_models_033.py.
+# the reason nodes/patching/adapters.NOT_BY_BLOCKS gives); the builders are in tiny_*_models_033.py.
 FALLBACK = "whole-model fallback"
 FAMILIES_033 = {
     "flux2": "flux", "flux2_klein": "flux", "longcat_image": "flux", "z_image": "lumina2", "z_image_pixel": "lumina2",
@@ -283,7 +283,7 @@ def test_family(name, cfg, unet_dir, tmp_path, caplog):
     assert ad.name == expected
     if expected == FALLBACK:
         assert "whole-model fallback" in caplog.text, caplog.text
-        if name in FAMILIES_033:  # a family GCache knows: the log gives the reason (nodes/adapters.NOT_BY_BLOCKS)
+        if name in FAMILIES_033:  # a family GCache knows: the log gives the reason (nodes/patching/adapters.NOT_BY_BLOCKS)
             assert "cached as a whole model, not by blocks" in caplog.text, caplog.text
 
     # all ones: bit-identical to the unpatched model
