@@ -21,7 +21,7 @@ import torch
 
 from ..core.engine import ResidualCache
 from ..core.profile import ProfileRecorder
-from ..core.step_clock import StepClock
+from ..core.step_clock import StackClock, StepClock
 from ..reference_model.harness import ReferenceHarness, labels_for
 from ..reference_model.sampler import sample
 from ..search.baselines import uniform_mask
@@ -67,7 +67,7 @@ def measure(h: ReferenceHarness, seeds: list[int], repeats: int) -> dict:
     speedup = paired("plain", "half")
 
     rec = ProfileRecorder(h.times, h.sigmas)
-    with ResidualCache(None, observers=(rec, StepClock(stack=True))) as c:  # as GCache Profile runs it
+    with ResidualCache(None, observers=(rec, StackClock())) as c:  # as GCache Profile runs it
         sample(h.model, labels, seeds, n, h.cfg_scale, h.shift, cache=c)
     rec.finish()
     return {"N": n, "K": k, "batch": len(seeds), "plain_s": round(med["plain"], 4),

@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..core import ProfileRecorder, ResidualCache, StepClock
+from ..core import ProfileRecorder, ResidualCache, StackClock, StepClock
 from ..core.profile import MAX_ELEMS, sample_stride
 from ..search.baselines import uniform_mask
 
@@ -58,7 +58,7 @@ class Bench:
                 rec = ProfileRecorder(self.times[:-1], history_device=self.history)
             # the observers GCache Profile and Apply plug in: the recorder and a clock of steps and stack, or the clock
             cache = ResidualCache(self.masks[variant],
-                                  observers=(rec, StepClock(stack=True)) if rec is not None else (StepClock(),))
+                                  observers=(rec, StackClock()) if rec is not None else (StepClock(),))
             stack = cache.run
         for i in range(self.n):
             t0, t1 = self.times[i], self.times[i + 1]

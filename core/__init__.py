@@ -5,8 +5,8 @@ from .errors import GCacheError
 from .observer import EngineObserver
 from .policy import Policy, check_budget, predicted_speedup
 from .profile import Profile, ProfileRecorder
-from .step_clock import StepClock
+from .step_clock import StackClock, StepClock
 from .weights import analytic_w, bernstein_w
 
 __all__ = ["CacheStats", "ResidualCache", "EngineObserver", "GCacheError", "Policy", "check_budget",
-           "predicted_speedup", "Profile", "ProfileRecorder", "StepClock", "analytic_w", "bernstein_w"]
+           "predicted_speedup", "Profile", "ProfileRecorder", "StackClock", "StepClock", "analytic_w", "bernstein_w"]

@@ -12,9 +12,9 @@ Apply and Profile). Caches are per branch (CFG cond/uncond, batch chunk); a chan
 them with a warning. `close()` releases every tensor; use the cache as a context manager so that this also
 happens when an exception escapes the blocks.
 
-The engine only skips: what a run records (ProfileRecorder) and times (StepClock) are observers it is given
-(observer.py says why, and when each is told what). mask=None computes every step and keeps nothing: a profile run,
-whose observers do the work.
+The engine only skips: what a run records (ProfileRecorder) and times (StepClock, StackClock) are observers it is
+given (observer.py says why, and when each is told what). mask=None computes every step and keeps nothing: a profile
+run, whose observers do the work.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import torch
 from . import forecasters
 from .errors import GCacheError
 from .io_share import IoShare, step_shares
-from .observer import EngineObserver
+from .observer import EngineObserver, hooks
 
 log = logging.getLogger("gcache")
 
@@ -43,7 +43,7 @@ class CacheStats:
     bytes_held: int = 0
     peak_bytes: int = 0
     step_seconds: dict = field(default_factory=dict)  # step -> wall seconds (a StepClock's, filled at close)
-    stack_seconds: dict = field(default_factory=dict)  # step -> seconds in the block stack (StepClock(stack=True))
+    stack_seconds: dict = field(default_factory=dict)  # step -> seconds in the block stack (a StackClock)
     record_seconds: dict = field(default_factory=dict)  # step -> seconds of profile recording (not the model's)
     decided: dict = field(default_factory=dict)       # step -> whether it computed the stack
 
@@ -143,7 +143,10 @@ class ResidualCache:
         self._needed = forecasters.needed_steps(mask, self.forecaster.keeps) if mask is not None else set()
         self.cache_device = torch.device(cache_device) if cache_device is not None else None
         self.observers = tuple(observers)  # told about each stack entry (observer.py), in this order
-        self._readers = tuple(o for o in self.observers if o.reads_h)  # also given h and δ of computed steps
+        # per point of the timeline, the hooks of the observers that do something there: the hot path calls no other
+        self._on_enter, self._on_blocks, self._on_blocks_done, self._on_exit = (
+            hooks(self.observers, p) for p in ("on_enter", "on_blocks", "on_blocks_done", "on_exit"))
+        self._on_residual = tuple(o.on_residual for o in self.observers if o.reads_h)  # given h and δ of computed steps
         self.stats = CacheStats()
         self.step: Optional[int] = None
         self._deltas: dict[Hashable, list[tuple[Optional[int], torch.Tensor]]] = {}  # key -> kept (step, δ), latest last
@@ -186,9 +189,9 @@ class ResidualCache:
             raise RuntimeError("ResidualCache used after close(): create a new one per sampling run.")
         keys, chunks = self._split_keys(h, branches)
         step = self.step
-        observers = self.observers if step is not None else ()  # a call without a step is neither recorded nor timed
-        for o in observers:
-            o.on_enter(step, h)
+        if step is not None:  # a call without a step is neither recorded nor timed
+            for hook in self._on_enter:
+                hook(step, h)
         compute = self.step_computes(step)
         forced = False
         meta = (h.shape[0] // chunks, tuple(h.shape[1:]), h.dtype, h.device)  # per chunk
@@ -213,12 +216,13 @@ class ResidualCache:
         # `x +=`, Chroma `addcmul_`). Snapshot it (one tensor per branch), but only on steps whose δ is kept or
         # read by an observer; each snapshot then becomes its branch's stored δ (subtracted into in place), and it
         # is written into the δ this step evicts when there is one, so it costs one copy of h and no memory.
-        keep = compute and ((self._readers and step is not None) or self._must_store(step, forced))
+        keep = compute and ((self._on_residual and step is not None) or self._must_store(step, forced))
         snaps = [self._snapshot(k, c, meta) for k, c in zip(keys, h.chunk(chunks, 0) if chunks > 1 else (h,))] \
             if keep else None
         self._pending = (h, snaps, keys, chunks, compute, forced, meta)
-        for o in observers:
-            o.on_blocks(step)
+        if step is not None:
+            for hook in self._on_blocks:
+                hook(step)
         return compute
 
     def _snapshot(self, key: Hashable, h: torch.Tensor, meta: tuple) -> torch.Tensor:
@@ -247,21 +251,22 @@ class ResidualCache:
                                   f"{tuple(h.shape)}: the family adapter marks the wrong tokens as image tokens.")
             for k in keys:
                 self.stats.block_runs[k] = self.stats.block_runs.get(k, 0) + 1
-            observers = self.observers if step is not None else ()
-            for o in observers:
-                o.on_blocks_done(step)
+            if step is not None:
+                for hook in self._on_blocks_done:
+                    hook(step)
             if snaps is not None:
-                readers = self._readers if step is not None else ()
+                readers = self._on_residual if step is not None else ()
                 store = self._must_store(step, forced)
                 for k, zp, hp in zip(keys, z.chunk(chunks, 0) if chunks > 1 else (z,), snaps):
                     # an observer also reads h; otherwise δ overwrites the snapshot (it is ours alone)
                     d = zp - hp if readers else torch.sub(zp, hp, out=hp)
-                    for o in readers:
-                        o.on_residual(step, k, hp, d)
+                    for hook in readers:
+                        hook(step, k, hp, d)
                     if store:
                         self._store(k, step, d, meta)
-            for o in observers:
-                o.on_exit(step)
+            if step is not None:
+                for hook in self._on_exit:
+                    hook(step)
             return z
         if chunks == 1:
             return self._skip_out(h, keys[0], step, None)

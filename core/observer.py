@@ -20,12 +20,13 @@ Timeline of one stack entry at a known step (no hook runs for a call without a s
                                   written, and the engine may reuse both after the call (copy what you keep)
     on_exit(step)                 the engine is done with this computed step's residuals
     on_close(stats)               once, at close(): add what was observed to the run's CacheStats
-Each point calls the observers in the order given. The hooks run on the sampling hot path: the clock's take no host
-sync (CUDA events, read at close); the recorder's work is the profile's own, timed as such (between "out" and "rec").
+Each point calls the observers in the order given, only those that do something there (`hooks`: the engine
+finds them once). The hooks run on the sampling hot path: the clocks' take no host sync (CUDA events, read at
+close); the recorder's work is the profile's own, timed as such (between a StackClock's "out" and "rec").
 """
 from __future__ import annotations
 
-from typing import Hashable
+from typing import Hashable, Sequence
 
 import torch
 
@@ -52,3 +53,9 @@ class EngineObserver:
 
     def on_close(self, stats) -> None:
         pass
+
+
+def hooks(observers: Sequence[EngineObserver], point: str) -> tuple:
+    """The bound `point` methods (e.g. "on_blocks") of the observers that do something there, in order."""
+    return tuple(getattr(o, point) for o in observers
+                 if getattr(type(o), point, None) is not getattr(EngineObserver, point))

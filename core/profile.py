@@ -456,7 +456,7 @@ def _fold_means(x: torch.Tensor, precise: bool = False) -> torch.Tensor:
 class ProfileRecorder(EngineObserver):
     """Collects one sampling run (all branches) and turns it into a Profile sample at `finish()`.
 
-    An observer of the engine (observer.py): `ResidualCache(None, observers=(recorder, StepClock(stack=True)))`
+    An observer of the engine (observer.py): `ResidualCache(None, observers=(recorder, StackClock()))`
     hands it h and δ of every computed step, and `record(step, branch, h, δ)` keeps the first evaluation of each.
     """
 

@@ -1,11 +1,11 @@
-"""StepClock: times a run's sampler steps, and in profile runs the block stack inside them, as an observer of the
-engine (observer.py). No host syncs while sampling: CUDA events on a GPU, read once at close; perf_counter on the CPU.
+"""Clocks of a sampling run, as observers of the engine (observer.py): StepClock times its sampler steps (Apply runs:
+the measured speed-up), StackClock also the block stack inside them (profile runs: the measured io share). No host
+syncs while sampling: CUDA events on a GPU, read once at close; perf_counter on the CPU.
 
 Marks: "step" (a step's first stack entry), "snap" (before the engine's snapshot of h, which it takes for the
 recorder), "in" / "out" (the block stack), "rec" (after the recording that follows "out"), "end" (close). An
-interval counts for the step of the mark it starts at. With `stack=False` (Apply runs: the measured speed-up) only
-"step" and "end" are marked. With `stack=True` (profile runs: the measured io share) snapshot and recording are the
-profile's own work: they count as recording, not as the model's time.
+interval counts for the step of the mark it starts at. A StepClock marks only "step" and "end". For a StackClock the
+snapshot and the recording are the profile's own work: they count as recording, not as the model's time.
 """
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ from .observer import EngineObserver
 
 
 class StepClock(EngineObserver):
+    """Wall time of each sampler step (CacheStats.step_seconds)."""
 
-    def __init__(self, stack: bool = False):
-        self.stack = stack
-        self.cuda: Optional[bool] = None  # known at the first mark's stack entry (h's device)
+    def __init__(self):
+        self.cuda: Optional[bool] = None  # known at the first stack entry (h's device)
         self.marks: list[tuple[str, Optional[int], object]] = []
         self._last_step: Optional[int] = None
 
@@ -33,30 +33,15 @@ class StepClock(EngineObserver):
         else:
             self.marks.append((tag, step, time.perf_counter()))
 
-    # ---------------------------------------------------------------- the engine's timeline
     def on_enter(self, step: int, h: torch.Tensor) -> None:
         if self.cuda is None:
             self.cuda = h.device.type == "cuda"
         if step != self._last_step:
             self.mark("step", step)
             self._last_step = step
-        if self.stack:
-            self.mark("snap", step)
-
-    def on_blocks(self, step: int) -> None:
-        if self.stack:
-            self.mark("in", step)  # the snapshot before it is the profile's own work, not the model's
-
-    def on_blocks_done(self, step: int) -> None:
-        if self.stack:
-            self.mark("out", step)
-
-    def on_exit(self, step: int) -> None:
-        if self.stack:
-            self.mark("rec", step)
 
     def on_close(self, stats) -> None:
-        """The run's timings into its statistics (step_seconds; with `stack`, stack_seconds and record_seconds)."""
+        """The run's timings into its statistics (step_seconds; a StackClock's stack_seconds and record_seconds)."""
         if self.cuda is None:
             return  # never entered: nothing timed
         try:
@@ -84,3 +69,21 @@ class StepClock(EngineObserver):
             elif (tag == "out" and nxt == "rec") or (tag == "snap" and nxt == "in"):
                 rec[step] = rec.get(step, 0.0) + s
         return total, stack, rec
+
+
+class StackClock(StepClock):
+    """A StepClock that also times the block stack (stack_seconds) and the profile's own work around it, the
+    engine's snapshot of h before and the recording after (record_seconds)."""
+
+    def on_enter(self, step: int, h: torch.Tensor) -> None:
+        super().on_enter(step, h)
+        self.mark("snap", step)
+
+    def on_blocks(self, step: int) -> None:
+        self.mark("in", step)  # the snapshot before it is the profile's own work, not the model's
+
+    def on_blocks_done(self, step: int) -> None:
+        self.mark("out", step)
+
+    def on_exit(self, step: int) -> None:
+        self.mark("rec", step)

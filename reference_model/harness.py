@@ -12,7 +12,7 @@ from ..core.engine import CacheStats, ResidualCache
 from ..core.io_share import run_summary
 from ..core.policy import Policy
 from ..core.profile import Profile, ProfileRecorder
-from ..core.step_clock import StepClock
+from ..core.step_clock import StackClock, StepClock
 from .model import TinyDiT, load_model
 from .sampler import flow_sigmas, sample, to_unit
 
@@ -46,7 +46,7 @@ class ReferenceHarness:
         a recorder records: the measured io share), as in ComfyUI's Apply and Profile runs."""
         if mask is None and recorder is None:
             return to_unit(sample(self.model, labels_for(seeds), seeds, self.n_steps, self.cfg_scale, self.shift)), None
-        observers = (recorder, StepClock(stack=True)) if recorder is not None else (StepClock(),)
+        observers = (recorder, StackClock()) if recorder is not None else (StepClock(),)
         with ResidualCache(mask, cache_device=cache_device, forecast=forecast,
                            times=self.times if mask is not None else None, forecast_params=forecast_params,
                            observers=observers) as cache:

@@ -14,7 +14,7 @@ import stats_oracle as oracle
 from gcache.core.engine import CacheStats, ResidualCache
 from gcache.core.errors import GCacheError
 from gcache.core.profile import MAX_SAMPLE_KEYS, Profile, ProfileRecorder, sample_stride
-from gcache.core.step_clock import StepClock
+from gcache.core.step_clock import StackClock
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # deterministic in CI: examples derived from the test's name, no example database
@@ -375,7 +375,7 @@ def test_measured_io_shares_equal_the_clock(calls_per_step, durations, branches)
     try:
         rec = ProfileRecorder([1.0 - k / len(calls_per_step) for k in range(len(calls_per_step))])
         h = torch.randn(2, 3, 2)
-        clk = StepClock(stack=True)  # its marks, taken inside enter/exit (and "end" at close): a raw timeline
+        clk = StackClock()  # its marks, taken inside enter/exit (and "end" at close): a raw timeline
         with ResidualCache(None, observers=(rec, clk)) as cache:
             for step, calls in enumerate(calls_per_step):
                 cache.set_step(step)

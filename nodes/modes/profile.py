@@ -12,7 +12,7 @@ from ...core.engine import CacheStats, ResidualCache, format_bytes
 from ...core.errors import GCacheError
 from ...core.io_share import run_summary
 from ...core.profile import Profile, ProfileRecorder
-from ...core.step_clock import StepClock
+from ...core.step_clock import StackClock, StepClock
 from .. import artifacts
 from ..artifacts import FOLDER_FIX, cant_write
 from ..patching.runtime import RunState
@@ -112,7 +112,7 @@ class ProfileConfig(ModeConfig):
         def engine() -> ResidualCache:  # one per device lane, with a clock of its own; the recorder is the run's
             if recorder is None:  # a duplicate run: sampled and timed, recorded by nobody
                 return ResidualCache(None, observers=(StepClock(),))
-            return ResidualCache(None, observers=(recorder, StepClock(stack=True)))  # the stack timed: the io share
+            return ResidualCache(None, observers=(recorder, StackClock()))  # the stack timed: the io share
 
         return RunState(engine, tracker, self.owner, on_close=finish)
 
