@@ -10,10 +10,10 @@ from ..core.errors import GCacheError
 from ..core.profile import Profile
 from ..search.plots import plot_profile
 from . import artifacts
-from .patching import companions, hooks
 from . import comfy_common as cc
-from .modes.profile import profile_config
 from .modes.base import CACHE_DEVICES
+from .modes.profile import profile_config
+from .patching import companions, hooks
 
 log = logging.getLogger("gcache")
 

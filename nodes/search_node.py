@@ -17,8 +17,8 @@ from ..search.bilevel import SearchConfig, SearchInterrupted
 from ..search.objectives import OBJECTIVES, make_objective
 from ..search.plots import plot_search
 from ..search.requirements import require, search_modules
-from .search_jobs import background
 from . import comfy_common as cc
+from .search_jobs import background
 from .search_jobs.job import SearchJob, run_slice
 
 log = logging.getLogger("gcache")

@@ -21,12 +21,12 @@ from ...search.bilevel import SearchConfig, SearchInterrupted, SearchResult, run
 from ...search.objectives import make_objective
 from ...search.state import check_state, load_state
 from .. import artifacts
-from ..patching import hooks
+from ..artifacts import FOLDER_FIX, cant_write
 from ..modes.apply import apply_config
 from ..modes.auto import auto_name
-from ..artifacts import FOLDER_FIX, cant_write
-from ..patching.content_hash import content_hash
 from ..modes.profile import profile_config
+from ..patching import hooks
+from ..patching.content_hash import content_hash
 from .sampling import decode, sample
 
 log = logging.getLogger("gcache")
