@@ -155,10 +155,10 @@ class SearchJob:
         policy = result.policy
         share = profile.io
         policy.metrics.update(share.metrics(policy.n_steps, policy.n_computed))  # the profile's io share, with its range
-        policy.save(artifacts.policy_path(self.folder, self.name))
-        log.info("GCache Search: saved %s (K = %d of %d, %s, %s).", artifacts.policy_path(self.folder, self.name),
-                 policy.n_computed, policy.n_steps, share.describe_speedup(policy.n_steps, policy.n_computed),
-                 share.describe())
+        path = artifacts.policy_path(self.folder, self.name)
+        policy.save(path)
+        log.info("GCache Search: saved %s (K = %d of %d, %s, %s).", os.path.basename(path), policy.n_computed,
+                 policy.n_steps, share.describe_speedup(policy.n_steps, policy.n_computed), share.describe())
         try:
             sigmas = comfy.samplers.calculate_sigmas(self.model.get_model_object("model_sampling"), self.scheduler,
                                                      self.steps + (1 if self.trims() else 0)).tolist()

@@ -58,7 +58,8 @@ def profile_with_io_share(flux, folder) -> Profile:
     m, pos, neg, lat = flux
     ksample(GCacheProfile.execute(m, "searched_from", "model device").result[0], pos, neg, lat)
     prof = Profile.load(str(folder / "searched_from.profile.safetensors"))
-    prof.meta["io_time"] = {"stack": STACK, "call": CALL}
+    share = 1 - STACK / CALL
+    prof.meta["io_runs"] = [{"median": share, "q1": share, "q3": share, "steps": N - 2}]
     assert prof.io_share == 0.25
     return prof
 

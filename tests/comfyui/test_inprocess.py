@@ -413,7 +413,8 @@ def test_apply_auto_in_an_unwritable_folder_keeps_the_image(built, gcache_dir, m
     model = GCacheApply.execute(m, "(auto)", "model device", "remap", 2.0).result[0]
     with caplog.at_level("WARNING", logger="gcache"):
         out = ksample(model, pos, neg, lat)
-    assert torch.equal(out, ksample(m, pos, neg, lat)) and len(caplog.records) == 1
+    ours = [r for r in caplog.records if r.name == "gcache"]  # (ComfyUI's own warnings may come between)
+    assert torch.equal(out, ksample(m, pos, neg, lat)) and len(ours) == 1
     assert "can't be written (Permission denied)" in caplog.text and "without profiling" in caplog.text
 
 

@@ -324,7 +324,8 @@ def test_auto_says_when_the_few_steps_rule_overrides_the_bound(flux, gcache_dir,
     ksample(GCacheApply.execute(m, "(auto)", "model device", "remap", 2.5).result[0], pos, neg, lat, steps=8, cfg=3.0)
     prof_path = next(gcache_dir.glob("auto_*_8steps_simple.profile.safetensors"))
     prof = Profile.load(str(prof_path))
-    prof.meta["io_time"] = {"stack": 3.0, "call": 4.0}  # io share 0.25: K = 2 at 2.5x (2.29x ≤ 2.5 < 2.91x)
+    # io share 0.25: K = 2 at 2.5x (2.29x ≤ 2.5 < 2.91x)
+    prof.meta["io_runs"] = [{"median": 0.25, "q1": 0.25, "q3": 0.25, "steps": 6}]
     prof.save(str(prof_path))
     next(gcache_dir.glob("auto_*_8steps_simple_2.5x.json")).unlink()
     scores = forecaster_scores(prof, 2)
