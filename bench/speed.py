@@ -46,8 +46,8 @@ on a GPU, the torch profiler's allocation events (profile_memory=True, summed in
 ProfileRecorder.peak_bytes (history + previous h only) is reported too. The cache Apply holds is
 CacheStats.peak_bytes of the K = N/2 run (one δ per branch: B·S).
 
-Output: human-readable lines, then exactly one JSON line per model measured (the last stdout line is the last
-model's): {"device", "model", "overhead_all_ones", "speedup_ratio_half", "speedup_ratio_third",
+Output: human-readable lines, then exactly one JSON line (the last stdout line), {"models": [...]}, one object per
+model measured: {"device", "model", "overhead_all_ones", "speedup_ratio_half", "speedup_ratio_third",
 "profile_step_overhead", "profile_peak_extra_gb"} followed by extra keys (definition, sizes, T, T_io, …).
 Threads: torch is pinned to --threads, default 1 (not 2): on the shared 2-core development machine a second
 thread competing with other jobs made runs of the same variant vary 3-4x (OpenMP barriers; bench/RESULTS.md),
@@ -105,8 +105,7 @@ def main(argv=None) -> list:
         lines.append(measure(fam, args))
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
-    for line in lines:
-        print(json.dumps(line))
+    print(json.dumps({"models": lines}))  # one JSON line, as every bench/ script ends
     return lines
 
 

@@ -91,14 +91,15 @@ def test_memory_formula():
     assert p["total"] == p["history"] + p["prev_h"] + p["delta_batch"] + p["row_temps"]
 
 
-def test_script_prints_one_json_line_per_model(monkeypatch, capsys):
+def test_script_ends_with_one_json_line_holding_every_model(monkeypatch, capsys):
     monkeypatch.setattr(speed_harness, "QUICK", TINY)
     try:
         lines = speed.main(["--quick", "--reps", "1", "--steps", "6", "--threads", "1"])
     finally:
         torch.set_flush_denormal(False)  # main() flushes denormals process-wide: not into the tests that follow
     out = capsys.readouterr().out.strip().splitlines()
-    assert [json.loads(s) for s in out[-2:]] == lines
+    assert json.loads(out[-1]) == {"models": lines} and len(lines) == 2
+    assert not any(s.startswith("{") for s in out[:-1])  # no other JSON line before it
     keys = ["device", "model", "overhead_all_ones", "speedup_ratio_half", "speedup_ratio_third",
             "profile_step_overhead", "profile_peak_extra_gb"]
     for line, fam in zip(lines, ("flux", "wan")):
