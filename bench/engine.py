@@ -21,6 +21,7 @@ import torch
 
 from ..core.engine import ResidualCache
 from ..core.profile import ProfileRecorder
+from ..core.step_clock import StackClock, StepClock
 from ..reference_model.harness import ReferenceHarness, labels_for
 from ..reference_model.sampler import sample
 from ..search.baselines import uniform_mask
@@ -35,11 +36,11 @@ def measure(h: ReferenceHarness, seeds: list[int], repeats: int) -> dict:
         sample(h.model, labels, seeds, n, h.cfg_scale, h.shift)
 
     def ones():
-        with ResidualCache([1] * n) as c:
+        with ResidualCache([1] * n, observers=(StepClock(),)) as c:  # as GCache Apply runs it
             sample(h.model, labels, seeds, n, h.cfg_scale, h.shift, cache=c)
 
     def halfrun():
-        with ResidualCache(half) as c:
+        with ResidualCache(half, observers=(StepClock(),)) as c:
             sample(h.model, labels, seeds, n, h.cfg_scale, h.shift, cache=c)
 
     def io_only():
@@ -66,7 +67,7 @@ def measure(h: ReferenceHarness, seeds: list[int], repeats: int) -> dict:
     speedup = paired("plain", "half")
 
     rec = ProfileRecorder(h.times, h.sigmas)
-    with ResidualCache(None, recorder=rec) as c:
+    with ResidualCache(None, observers=(rec, StackClock())) as c:  # as GCache Profile runs it
         sample(h.model, labels, seeds, n, h.cfg_scale, h.shift, cache=c)
     rec.finish()
     return {"N": n, "K": k, "batch": len(seeds), "plain_s": round(med["plain"], 4),
@@ -81,7 +82,7 @@ def engine_call_us(h_shape=(16, 64, 64), calls: int = 1000, repeats: int = 5) ->
     h = torch.randn(h_shape)
     times = []
     for _ in range(repeats):
-        with ResidualCache([1] * calls) as cache:
+        with ResidualCache([1] * calls, observers=(StepClock(),)) as cache:
             t0 = time.perf_counter()
             for i in range(calls):
                 cache.set_step(i)

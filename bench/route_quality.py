@@ -47,11 +47,11 @@ def main(argv=None) -> dict:
     import tiny_image_models_033 as tim33
 
     from ..core.profile import Profile
-    from ..nodes import hooks
-    from ..nodes.adapters import FALLBACK
-    from ..nodes.apply_mode import ApplyConfig
-    from ..nodes.profile_mode import ProfileConfig
-    from ..nodes.run_config import RunConfig
+    from ..nodes.patching import hooks
+    from ..nodes.patching.adapters import FALLBACK
+    from ..nodes.modes.apply import ApplyConfig
+    from ..nodes.modes.base import ModeConfig
+    from ..nodes.modes.profile import ProfileConfig
     from ..search.instant import instant_policy
 
     out = {"N": a.steps, "K": a.k, "held_out_seeds": a.seeds}
@@ -65,7 +65,7 @@ def main(argv=None) -> dict:
 
         routes = {}
         for route in ("block stack", "whole model"):
-            desc = RunConfig.describe(dm)
+            desc = ModeConfig.describe(dm)
             if route == "whole model":
                 desc.update(adapter=FALLBACK, io_share=0.0)
             with tempfile.TemporaryDirectory() as tmp:

@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..core import ProfileRecorder, ResidualCache
+from ..core import ProfileRecorder, ResidualCache, StackClock, StepClock
 from ..core.profile import MAX_ELEMS, sample_stride
 from ..search.baselines import uniform_mask
 
@@ -56,7 +56,9 @@ class Bench:
         else:
             if variant == "profile":
                 rec = ProfileRecorder(self.times[:-1], history_device=self.history)
-            cache = ResidualCache(self.masks[variant], recorder=rec)
+            # the observers GCache Profile and Apply plug in: the recorder and a clock of steps and stack, or the clock
+            cache = ResidualCache(self.masks[variant],
+                                  observers=(rec, StackClock()) if rec is not None else (StepClock(),))
             stack = cache.run
         for i in range(self.n):
             t0, t1 = self.times[i], self.times[i + 1]
@@ -86,7 +88,7 @@ class Bench:
     def step_ab(self, count: int, seed: int = 1) -> dict:
         """Single steps, no GCache vs all-ones, in random order (the finest ABAB): median seconds per step."""
         rng = random.Random(seed)
-        cache = ResidualCache([1] * count)
+        cache = ResidualCache([1] * count, observers=(StepClock(),))
         none = lambda h, b, blocks: blocks(h)  # noqa: E731
         x, t = self.inp["x"], torch.full((self.inp["x"].shape[0],), 0.5, device=self.device)
         out = {"none": [], "ones": []}
@@ -131,13 +133,13 @@ class Bench:
         h, st = m.f_in(x, t, **extra)
         z = m.blocks(h, st)
         delta = z - h
-        ones = ResidualCache([1] * 2, time_steps=True)
+        ones = ResidualCache([1] * 2, observers=(StepClock(),))
         ones.set_step(0)
-        skip = ResidualCache([1, 0])
+        skip = ResidualCache([1, 0], observers=(StepClock(),))
         skip.set_step(0)
         skip.run(h, m.branches, lambda hh: z)  # stores δ (next step is skipped)
         skip.set_step(1)
-        store = ResidualCache([1, 0])  # a computed step whose δ is kept: snapshot of h, δ into it, store
+        store = ResidualCache([1, 0], observers=(StepClock(),))  # a computed step whose δ is kept: snapshot of h, δ into it, store
         store.set_step(0)
         fns = {"f_in": lambda: m.f_in(x, t, **extra), "blocks": lambda: m.blocks(h, st), "f_out": lambda: m.f_out(z, st),
                "update": lambda: x + 0.1 * x,

@@ -206,7 +206,8 @@ def comfyui(reruns: int, repeats: int) -> dict:
     import tiny_models as tm
 
     from ..core.policy import Policy
-    from ..nodes import apply_mode, hooks, profile_mode
+    from ..nodes.modes import apply as apply_mode, profile as profile_mode
+    from ..nodes.patching import hooks
     n = 12
     out = {}
     unets = tempfile.TemporaryDirectory()  # the tiny Wan goes through UNETLoader from a file

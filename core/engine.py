@@ -11,20 +11,24 @@ The caller says which sampler step a call belongs to with `set_step(i)` (one ste
 Apply and Profile). Caches are per branch (CFG cond/uncond, batch chunk); a changed shape/dtype/device resets
 them with a warning. `close()` releases every tensor; use the cache as a context manager so that this also
 happens when an exception escapes the blocks.
+
+The engine only skips: what a run records (ProfileRecorder) and times (StepClock, StackClock) are observers it is
+given (observer.py says why, and when each is told what). mask=None computes every step and keeps nothing: a profile
+run, whose observers do the work.
 """
 from __future__ import annotations
 
 import logging
 import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Optional, Sequence
 
 import torch
 
-from .errors import GCacheError
 from . import forecasters
+from .errors import GCacheError
 from .io_share import IoShare, step_shares
+from .observer import EngineObserver, hooks
 
 log = logging.getLogger("gcache")
 
@@ -38,8 +42,8 @@ class CacheStats:
     resets: int = 0
     bytes_held: int = 0
     peak_bytes: int = 0
-    step_seconds: dict = field(default_factory=dict)  # step -> wall seconds (filled at close)
-    stack_seconds: dict = field(default_factory=dict)  # step -> seconds in the block stack (profile runs)
+    step_seconds: dict = field(default_factory=dict)  # step -> wall seconds (a StepClock's, filled at close)
+    stack_seconds: dict = field(default_factory=dict)  # step -> seconds in the block stack (a StackClock)
     record_seconds: dict = field(default_factory=dict)  # step -> seconds of profile recording (not the model's)
     decided: dict = field(default_factory=dict)       # step -> whether it computed the stack
 
@@ -119,52 +123,12 @@ class CacheStats:
                f"{'the first' if m[4] else 'first and last'} left out)"
 
 
-class _StepClock:
-    """Times sampler steps (and, in profile runs, the block stack inside them) without host syncs: CUDA events
-    on a GPU, read once at close; perf_counter on the CPU. Marks: "step" (a step's first stack entry), "snap" (a
-    profile's snapshot of h before "in"), "in"/"out" (the stack), "rec" (the end of a profile's recording after
-    "out"), "end"; an interval counts for the step of the mark it starts at. Snapshot and recording are the
-    profile's own work: they count as recording, not as the model's time."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self.marks: list[tuple[str, Optional[int], object]] = []
-
-    def mark(self, tag: str, step: Optional[int]) -> None:
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            self.marks.append((tag, step, ev))
-        else:
-            self.marks.append((tag, step, time.perf_counter()))
-
-    def durations(self) -> tuple[dict, dict, dict]:
-        """Seconds per step: (whole step, block stack, profile recording)."""
-        total: dict = {}
-        stack: dict = {}
-        rec: dict = {}
-        if len(self.marks) < 2:
-            return total, stack, rec
-        if self.cuda:
-            self.marks[-1][2].synchronize()
-            secs = [a[2].elapsed_time(b[2]) / 1000.0 for a, b in zip(self.marks, self.marks[1:])]
-        else:
-            secs = [b[2] - a[2] for a, b in zip(self.marks, self.marks[1:])]
-        for (tag, step, _), (nxt, _, _), s in zip(self.marks, self.marks[1:], secs):
-            total[step] = total.get(step, 0.0) + s
-            if tag == "in":
-                stack[step] = stack.get(step, 0.0) + s
-            elif (tag == "out" and nxt == "rec") or (tag == "snap" and nxt == "in"):
-                rec[step] = rec.get(step, 0.0) + s
-        return total, stack, rec
-
-
 class ResidualCache:
     """Per-run residual reuse state. Create one per sampling run; never share it between runs or models."""
 
     def __init__(self, mask: Optional[Sequence[int]], cache_device: Optional[str | torch.device] = None,
-                 recorder=None, time_steps: bool = True, forecast: str | int = "reuse",
-                 times: Optional[Sequence[float]] = None, forecast_params: Optional[dict] = None):
+                 forecast: str | int = "reuse", times: Optional[Sequence[float]] = None,
+                 forecast_params: Optional[dict] = None, observers: Sequence[EngineObserver] = ()):
         if mask is not None:
             mask = [int(v) for v in mask]
             if not mask or mask[0] != 1 or any(v not in (0, 1) for v in mask):
@@ -178,15 +142,16 @@ class ResidualCache:
         # Steps whose δ a later skipped step uses: the last `keeps` computed steps before each skip.
         self._needed = forecasters.needed_steps(mask, self.forecaster.keeps) if mask is not None else set()
         self.cache_device = torch.device(cache_device) if cache_device is not None else None
-        self.recorder = recorder
-        self.time_steps = time_steps
+        self.observers = tuple(observers)  # told about each stack entry (observer.py), in this order
+        # per point of the timeline, the hooks of the observers that do something there: the hot path calls no other
+        self._on_enter, self._on_blocks, self._on_blocks_done, self._on_exit = (
+            hooks(self.observers, p) for p in ("on_enter", "on_blocks", "on_blocks_done", "on_exit"))
+        self._on_residual = tuple(o.on_residual for o in self.observers if o.reads_h)  # given h and δ of computed steps
         self.stats = CacheStats()
         self.step: Optional[int] = None
         self._deltas: dict[Hashable, list[tuple[Optional[int], torch.Tensor]]] = {}  # key -> kept (step, δ), latest last
         self._meta: dict[Hashable, tuple] = {}
         self._pending: Optional[tuple] = None
-        self._clock: Optional[_StepClock] = None
-        self._last_clock_step: Optional[int] = None
         self.closed = False
 
     # ------------------------------------------------------------------ step attribution
@@ -224,14 +189,9 @@ class ResidualCache:
             raise RuntimeError("ResidualCache used after close(): create a new one per sampling run.")
         keys, chunks = self._split_keys(h, branches)
         step = self.step
-        if self.time_steps and step is not None:
-            if self._clock is None:
-                self._clock = _StepClock(h.device)
-            if step != self._last_clock_step:
-                self._clock.mark("step", step)
-                self._last_clock_step = step
-            if self.recorder is not None:  # profile runs also time the stack (the measured io share)
-                self._clock.mark("snap", step)
+        if step is not None:  # a call without a step is neither recorded nor timed
+            for hook in self._on_enter:
+                hook(step, h)
         compute = self.step_computes(step)
         forced = False
         meta = (h.shape[0] // chunks, tuple(h.shape[1:]), h.dtype, h.device)  # per chunk
@@ -254,14 +214,15 @@ class ResidualCache:
         self.stats.stack_calls += 1
         # δ = z − h needs h as it was on entry, and some families' blocks add into their input in place (LTXV
         # `x +=`, Chroma `addcmul_`). Snapshot it (one tensor per branch), but only on steps whose δ is kept or
-        # recorded; each snapshot then becomes its branch's stored δ (subtracted into in place), and it is
-        # written into the δ this step evicts when there is one, so it costs one copy of h and no memory.
-        keep = compute and ((self.recorder is not None and step is not None) or self._must_store(step, forced))
+        # read by an observer; each snapshot then becomes its branch's stored δ (subtracted into in place), and it
+        # is written into the δ this step evicts when there is one, so it costs one copy of h and no memory.
+        keep = compute and ((self._on_residual and step is not None) or self._must_store(step, forced))
         snaps = [self._snapshot(k, c, meta) for k, c in zip(keys, h.chunk(chunks, 0) if chunks > 1 else (h,))] \
             if keep else None
         self._pending = (h, snaps, keys, chunks, compute, forced, meta)
-        if self.recorder is not None and self._clock is not None and step is not None:
-            self._clock.mark("in", step)  # the snapshot above is the profile's own work, not the model's
+        if step is not None:
+            for hook in self._on_blocks:
+                hook(step)
         return compute
 
     def _snapshot(self, key: Hashable, h: torch.Tensor, meta: tuple) -> torch.Tensor:
@@ -290,21 +251,22 @@ class ResidualCache:
                                   f"{tuple(h.shape)}: the family adapter marks the wrong tokens as image tokens.")
             for k in keys:
                 self.stats.block_runs[k] = self.stats.block_runs.get(k, 0) + 1
-            timed = self._clock is not None and self.recorder is not None and step is not None
-            if timed:
-                self._clock.mark("out", step)
+            if step is not None:
+                for hook in self._on_blocks_done:
+                    hook(step)
             if snaps is not None:
-                record = self.recorder is not None and step is not None
+                readers = self._on_residual if step is not None else ()
                 store = self._must_store(step, forced)
                 for k, zp, hp in zip(keys, z.chunk(chunks, 0) if chunks > 1 else (z,), snaps):
-                    # the recorder also reads h; otherwise δ overwrites the snapshot (it is ours alone)
-                    d = zp - hp if record else torch.sub(zp, hp, out=hp)
-                    if record:
-                        self.recorder.record(step, k, hp, d)
+                    # an observer also reads h; otherwise δ overwrites the snapshot (it is ours alone)
+                    d = zp - hp if readers else torch.sub(zp, hp, out=hp)
+                    for hook in readers:
+                        hook(step, k, hp, d)
                     if store:
                         self._store(k, step, d, meta)
-            if timed:
-                self._clock.mark("rec", step)
+            if step is not None:
+                for hook in self._on_exit:
+                    hook(step)
             return z
         if chunks == 1:
             return self._skip_out(h, keys[0], step, None)
@@ -368,14 +330,10 @@ class ResidualCache:
         self.stats.bytes_held = 0
 
     def close(self) -> CacheStats:
-        """Release every cached tensor (idempotent). Returns the run's statistics."""
-        if self._clock is not None:
-            try:
-                self._clock.mark("end", None)  # end of the last step
-                self.stats.step_seconds, self.stats.stack_seconds, self.stats.record_seconds = self._clock.durations()
-            except RuntimeError:  # a CUDA error already in flight: timings are not worth a second failure
-                self.stats.step_seconds = {}
-            self._clock = None
+        """Release every cached tensor (idempotent). Returns the run's statistics (with what the observers add)."""
+        if not self.closed:
+            for o in self.observers:
+                o.on_close(self.stats)
         self.reset()
         self._pending = None
         self.closed = True

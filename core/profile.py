@@ -45,6 +45,7 @@ from .errors import GCacheError
 from .files import atomic_write_bytes
 from .fit_stats import FitStats
 from .io_share import IoShare, check_meta as check_io_meta, merged_runs
+from .observer import EngineObserver
 
 log = logging.getLogger("gcache")
 
@@ -452,11 +453,14 @@ def _fold_means(x: torch.Tensor, precise: bool = False) -> torch.Tensor:
     return total / half
 
 
-class ProfileRecorder:
+class ProfileRecorder(EngineObserver):
     """Collects one sampling run (all branches) and turns it into a Profile sample at `finish()`.
 
-    The engine calls `record(step, branch, h, δ)` on the first evaluation of every computed step.
+    An observer of the engine (observer.py): `ResidualCache(None, observers=(recorder, StackClock()))`
+    hands it h and δ of every computed step, and `record(step, branch, h, δ)` keeps the first evaluation of each.
     """
+
+    reads_h = True
 
     def __init__(self, times: Sequence[float], sigmas: Optional[Sequence[float]] = None, meta: Optional[dict] = None,
                  history_device: Optional[str | torch.device] = None, chunk_elems: int = 1 << 25,
@@ -472,6 +476,9 @@ class ProfileRecorder:
         self.branches: dict[Hashable, _BranchHistory] = {}
         self.peak_bytes = 0
         self._lock = threading.Lock()
+
+    def on_residual(self, step: int, branch: Hashable, h: torch.Tensor, delta: torch.Tensor) -> None:
+        self.record(step, branch, h, delta)
 
     def record(self, step: int, branch: Hashable, h: torch.Tensor, delta: torch.Tensor) -> None:
         if not 0 <= step < self.n_steps:

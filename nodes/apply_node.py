@@ -5,11 +5,12 @@ from comfy_api.latest import io
 
 from ..core.errors import GCacheError
 from ..core.policy import Policy
+from . import artifacts
 from . import comfy_common as cc
-from . import artifacts, companions, hooks
-from .apply_mode import apply_config
-from .auto_mode import auto_config
-from .run_config import CACHE_DEVICES, STEP_MISMATCH
+from .modes.apply import apply_config
+from .modes.auto import auto_config
+from .modes.base import CACHE_DEVICES, STEP_MISMATCH
+from .patching import companions, hooks
 
 
 class GCacheApply(io.ComfyNode):

@@ -4,7 +4,8 @@
     <name>.json                  Policy
     <name>.search.json           search state beside its policy (resume after interrupt/crash)
     auto_<model>-<key>_<N>steps_<scheduler>[_<speed-up>x]   GCache Apply (auto)'s own (AutoName)
-Names go through core.files.safe_name; nothing here ever unpickles.
+Names go through core.files.safe_name; nothing here ever unpickles. Whether a folder can take them (cant_write) is
+here too: the modes and GCache Search find an unwritable folder before any sampling.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import Optional
 
+from ..core import files
 from ..core.errors import GCacheError
 from ..core.files import exclusive, safe_name
 from ..core.policy import Policy
@@ -20,6 +22,15 @@ from ..core.profile import Profile
 PROFILE_SUFFIX = ".profile.safetensors"
 POLICY_SUFFIX = ".json"
 STATE_SUFFIX = ".search.json"
+# what a user can do about a gcache folder GCache can't write in
+FOLDER_FIX = ("make it writable for the user ComfyUI runs as, or give a writable folder as `gcache` in "
+              "extra_model_paths.yaml (with is_default: true, so that GCache writes there)")
+
+
+def cant_write(path: str) -> Optional[str]:
+    """"the gcache folder <path> can't be written (<reason>)" when no file can be saved in `path`, else None."""
+    why = files.unwritable(path)
+    return None if why is None else f"the gcache folder {path} can't be written ({why})"
 
 
 def profile_path(folder: str, name: str) -> str:

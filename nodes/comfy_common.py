@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 import numpy as np
 import torch
@@ -10,7 +9,6 @@ import torch
 import folder_paths
 from comfy_api.latest import io
 
-from ..core import files
 from ..core.errors import GCacheError
 from . import artifacts
 
@@ -37,20 +35,9 @@ def folder() -> str:
     path = folder_paths.get_folder_paths(FOLDER)[0]
     try:
         os.makedirs(path, exist_ok=True)
-    except OSError:  # the node that writes there says so, with what to do (cant_write), not a raw PermissionError
+    except OSError:  # the node that writes there says so, with what to do (artifacts.cant_write), not a raw PermissionError
         pass
     return path
-
-
-# what a user can do about a gcache folder GCache can't write in
-FOLDER_FIX = ("make it writable for the user ComfyUI runs as, or give a writable folder as `gcache` in "
-              "extra_model_paths.yaml (with is_default: true, so that GCache writes there)")
-
-
-def cant_write(path: str) -> Optional[str]:
-    """"the gcache folder <path> can't be written (<reason>)" when no file can be saved in `path`, else None."""
-    why = files.unwritable(path)
-    return None if why is None else f"the gcache folder {path} can't be written ({why})"
 
 
 def all_folders() -> list[str]:

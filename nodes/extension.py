@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from comfy_api.latest import ComfyExtension, io
 
-from . import background
 from .apply_node import GCacheApply
 from .comfy_common import all_folders, register_folder
 from .policy_node import GCachePolicy
 from .profile_node import GCacheLoadProfile, GCacheProfile
+from .search_jobs import background
 from .search_node import GCacheSearch
 
 

@@ -78,10 +78,10 @@ class GCachePolicy(io.ComfyNode):
         cc.check_choice("forecast", forecast, list(cc.FORECAST))
         profile.require_clean("GCache Policy")
         path = artifacts.policy_path(cc.folder(), safe_name(save_name, "policy name")) if save_name.strip() else None
-        blocked = cc.cant_write(os.path.dirname(path)) if path else None
+        blocked = artifacts.cant_write(os.path.dirname(path)) if path else None
         if blocked:  # said before anything is made, and never as a PermissionError naming a temporary file
             raise GCacheError(f"GCache Policy can't save {os.path.basename(path)}: {blocked}. To fix it, "
-                              f"{cc.FOLDER_FIX}; or empty save_name to use the policy without saving it.")
+                              f"{artifacts.FOLDER_FIX}; or empty save_name to use the policy without saving it.")
         t0 = time.perf_counter()
         kk = budget_k(profile, budget, k, speedup)
         note = few_computed(profile.n_steps, kk)

@@ -9,10 +9,11 @@ from comfy_api.latest import io
 from ..core.errors import GCacheError
 from ..core.profile import Profile
 from ..search.plots import plot_profile
-from . import artifacts, companions, hooks
+from . import artifacts
 from . import comfy_common as cc
-from .profile_mode import profile_config
-from .run_config import CACHE_DEVICES
+from .modes.base import CACHE_DEVICES
+from .modes.profile import profile_config
+from .patching import companions, hooks
 
 log = logging.getLogger("gcache")
 

@@ -1,5 +1,5 @@
 """GCache Search: the bilevel search (search/bilevel.py) with real sampling inside the node, in the foreground or in
-background slices (background.py)."""
+background slices (search_jobs/)."""
 from __future__ import annotations
 
 import logging
@@ -17,9 +17,9 @@ from ..search.bilevel import SearchConfig, SearchInterrupted
 from ..search.objectives import OBJECTIVES, make_objective
 from ..search.plots import plot_search
 from ..search.requirements import require, search_modules
-from . import background
 from . import comfy_common as cc
-from .search_job import SearchJob, run_slice
+from .search_jobs import background
+from .search_jobs.job import SearchJob, run_slice
 
 log = logging.getLogger("gcache")
 MODES = ("background", "foreground")
@@ -279,7 +279,7 @@ def _queue_next(bg: background.Job, what: str) -> None:
 
 
 def _state(job: SearchJob):
-    from .search_job import _peek
+    from .search_jobs.job import _peek
     return _peek(job.state_path)
 
 

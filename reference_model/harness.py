@@ -12,6 +12,7 @@ from ..core.engine import CacheStats, ResidualCache
 from ..core.io_share import run_summary
 from ..core.policy import Policy
 from ..core.profile import Profile, ProfileRecorder
+from ..core.step_clock import StackClock, StepClock
 from .model import TinyDiT, load_model
 from .sampler import flow_sigmas, sample, to_unit
 
@@ -41,11 +42,14 @@ class ReferenceHarness:
             cache_device=None, forecast="reuse", forecast_params: Optional[dict] = None
             ) -> tuple[torch.Tensor, Optional[CacheStats]]:
         """Images in [0, 1]. mask=None and no recorder: the model without GCache at all. forecast: a forecaster's
-        name (core/forecasters) and its parameters (the profile-fitted one's α)."""
+        name (core/forecasters) and its parameters (the profile-fitted one's α). Steps are timed (the stack too when
+        a recorder records: the measured io share), as in ComfyUI's Apply and Profile runs."""
         if mask is None and recorder is None:
             return to_unit(sample(self.model, labels_for(seeds), seeds, self.n_steps, self.cfg_scale, self.shift)), None
-        with ResidualCache(mask, cache_device=cache_device, recorder=recorder, forecast=forecast,
-                           times=self.times if mask is not None else None, forecast_params=forecast_params) as cache:
+        observers = (recorder, StackClock()) if recorder is not None else (StepClock(),)
+        with ResidualCache(mask, cache_device=cache_device, forecast=forecast,
+                           times=self.times if mask is not None else None, forecast_params=forecast_params,
+                           observers=observers) as cache:
             img = sample(self.model, labels_for(seeds), seeds, self.n_steps, self.cfg_scale, self.shift, cache=cache)
         return to_unit(img), cache.stats
 

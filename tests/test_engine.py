@@ -7,6 +7,7 @@ import torch
 
 from gcache.core.engine import ResidualCache
 from gcache.core.errors import GCacheError
+from gcache.core.step_clock import StepClock
 from gcache.reference_model.sampler import sample
 
 SEEDS = [3, 4]
@@ -91,7 +92,7 @@ def test_in_place_blocks_keep_the_true_delta(branches):
 def test_in_place_blocks_are_profiled_with_the_true_delta():
     from gcache.core.profile import ProfileRecorder
     rec = ProfileRecorder([1.0, 0.5], [1.0, 0.5])
-    cache = ResidualCache(None, recorder=rec)
+    cache = ResidualCache(None, observers=(rec,))
     g = torch.Generator().manual_seed(1)
     hs = [torch.randn(1, 3, 4, generator=g) for _ in range(2)]
     deltas = [_in_place_blocks(h.clone()) - h for h in hs]
@@ -198,7 +199,7 @@ def test_delta_not_stored_between_computed_steps():
 
 
 def test_summary_reports_counts_and_speedup():
-    cache = ResidualCache([1, 0, 1, 0, 0, 1])
+    cache = ResidualCache([1, 0, 1, 0, 0, 1], observers=(StepClock(),))
     for i in range(6):
         cache.set_step(i)
         cache.run(torch.ones(1, 2, 2), ["c"], lambda h: h * 3)
@@ -220,7 +221,7 @@ def test_summary_reports_counts_and_speedup():
     cache.stats.step_seconds = {0: 1.0, 1: 0.1, 2: 1.0, 3: 0.3, 4: 0.1, 5: 1.0}
     assert cache.stats.step_medians() == (1.0, 0.1, 1, 3, False)
     # no computed step between the first and the last (K = 2): the last one counts, the warm-up step never
-    short = ResidualCache([1, 0, 0, 1])
+    short = ResidualCache([1, 0, 0, 1], observers=(StepClock(),))
     for i in range(4):
         short.set_step(i)
         short.run(torch.ones(1, 2, 2), ["c"], lambda h: h * 3)
@@ -229,13 +230,13 @@ def test_summary_reports_counts_and_speedup():
     assert short.stats.step_medians() == (0.8, 0.25, 1, 2, True)
     assert short.stats.measured_speedup() == pytest.approx(4 / (2 + 2 * 0.25 / 0.8))  # = 4 / 2.625 = 1.524
     assert "measured 1.52× (medians of 1 computed and 2 skipped steps, the first left out)" in short.summary(0.1)
-    alone = ResidualCache([1, 0])  # a skipped step only after the first: nothing to compare it with
+    alone = ResidualCache([1, 0], observers=(StepClock(),))  # a skipped step only after the first: nothing to compare it with
     for i in range(2):
         alone.set_step(i)
         alone.run(torch.ones(1, 2, 2), ["c"], lambda h: h * 3)
     alone.close()
     assert alone.stats.measured_speedup() is None and "measured: too few steps timed" in alone.summary(0.1)
-    every = ResidualCache([1, 1, 1])
+    every = ResidualCache([1, 1, 1], observers=(StepClock(),))
     for i in range(3):
         every.set_step(i)
         every.run(torch.ones(1, 2, 2), ["c"], lambda h: h * 3)

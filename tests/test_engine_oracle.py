@@ -83,7 +83,7 @@ def test_skipped_steps_add_the_forecasters_formula(run):
     # with a recorder too (the reference harness's path): δ is then a new tensor, not the snapshot of h
     rec = ProfileRecorder(t) if run["recorder"] else None
     with ResidualCache(mask, cache_device=run["cache_device"], forecast=name, times=t, forecast_params=params,
-                       recorder=rec) as cache:
+                       observers=() if rec is None else (rec,)) as cache:
         for j, m in enumerate(mask):
             h = (torch.randn(nb, 4, 3, generator=g) * 2).to(dtype)
             scale, shift = (torch.randn(nb, 4, 3, generator=g).to(dtype) for _ in range(2))

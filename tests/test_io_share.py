@@ -9,11 +9,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gcache.core.engine import CacheStats, ResidualCache, _StepClock
+from gcache.core.engine import CacheStats, ResidualCache
 from gcache.core.errors import GCacheError
 from gcache.core.io_share import MAX_RUNS, IoShare, quartiles, run_summary, step_shares
 from gcache.core.policy import predicted_speedup
 from gcache.core.profile import Profile, ProfileRecorder
+from gcache.core.step_clock import StackClock
 
 
 def profile_with(meta: dict, n: int = 4) -> Profile:
@@ -48,7 +49,7 @@ def test_step_shares_leave_out_the_first_and_last_step_and_the_recording():
 
 
 def test_the_step_clock_counts_the_profile_snapshot_and_recording_as_the_profiles_own_time():
-    clock = _StepClock(torch.device("cpu"))
+    clock = StackClock()
     clock.marks = [("step", 0, 0.0), ("snap", 0, 0.1), ("in", 0, 0.15), ("out", 0, 0.55), ("rec", 0, 0.65),
                    ("step", 1, 1.0), ("snap", 1, 1.0), ("in", 1, 1.05), ("out", 1, 1.45), ("rec", 1, 1.5),
                    ("end", None, 2.0)]
@@ -72,7 +73,7 @@ def test_a_profiled_reference_run_keeps_one_run_summary_of_its_middle_steps():
 def test_profile_runs_time_the_stack_and_recording_per_step():
     """A run through the engine with a recorder: the per-step shares are those of its own timings."""
     rec = ProfileRecorder([1.0, 0.75, 0.5, 0.25])
-    with ResidualCache(None, recorder=rec) as cache:
+    with ResidualCache(None, observers=(rec, StackClock())) as cache:
         for i in range(4):
             cache.set_step(i)
             cache.run(torch.ones(1, 3, 2), ["c"], lambda h: h * 2)

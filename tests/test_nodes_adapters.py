@@ -3,11 +3,12 @@ import pytest
 import torch
 
 from gcache.core.engine import ResidualCache
-from gcache.nodes.adapters import (ADAPTERS, FALLBACK, ObjectCall, Stack, block_slots, choose_adapter,
-                                   estimated_io_share, find_adapter)
-from gcache.nodes.streams import Layout, put_image, take_image
-from gcache.nodes.runtime import RunState, activate, branch_keys, deactivate, make_dit_patch, make_gated_forward
-from gcache.nodes.steps import StepTracker
+from gcache.nodes.patching.adapters import (ADAPTERS, FALLBACK, ObjectCall, Stack, block_slots, choose_adapter,
+                                            estimated_io_share, find_adapter)
+from gcache.nodes.patching.streams import Layout, put_image, take_image
+from gcache.nodes.patching.runtime import (RunState, activate, branch_keys, deactivate, make_dit_patch,
+                                           make_gated_forward)
+from gcache.nodes.patching.steps import StepTracker
 
 torch.set_num_threads(1)
 
@@ -177,7 +178,7 @@ class FakeDiT:
 def patched(order, owner):
     st = (Stack("double_block", "d", "img"), Stack("single_block", "s", order))
     slots = [(st[0], 0), (st[0], 1), (st[1], 0), (st[1], 1)]
-    from gcache.nodes.adapters import BlockSlot
+    from gcache.nodes.patching.adapters import BlockSlot
     return {(s.key, i): make_dit_patch(BlockSlot(s, i, str(i), n == 0, n == 3), owner)
             for n, (s, i) in enumerate(slots)}
 
@@ -230,7 +231,7 @@ def test_patch_without_live_run_or_other_owner_passes_through():
 
 
 def test_gated_forward_keyword_pair_and_batch_dim():
-    from gcache.nodes.adapters import BlockSlot
+    from gcache.nodes.patching.adapters import BlockSlot
     st = Stack("double_stream", "d", "img", call=ObjectCall("image_tokens", returns_text="text_tokens"))
     blk = lambda image_tokens, text_tokens, **kw: (image_tokens * 2, text_tokens)  # noqa: E731
     fwd = make_gated_forward(BlockSlot(st, 0, "0", True, True), blk, "o")

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from gcache.core.errors import GCacheError
-from gcache.nodes.background import Jobs, file_names
+from gcache.nodes.search_jobs.background import Jobs, file_names
 from gcache.search.bilevel import SearchConfig, run_search
 from gcache.search.state import load_state
 from test_search_bilevel import CFG, Evaluator, make_profile

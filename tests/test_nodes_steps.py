@@ -3,7 +3,7 @@ import pytest
 
 from gcache.core.errors import GCacheError
 from gcache.core.policy import Policy
-from gcache.nodes.steps import Schedule, StepTracker, find_schedule, offset_in, normalized_times, place_policy
+from gcache.nodes.patching.steps import Schedule, StepTracker, find_schedule, offset_in, normalized_times, place_policy
 
 SIG = [1.0, 0.8, 0.6, 0.4, 0.2, 0.0]  # 5 steps
 
@@ -89,7 +89,7 @@ def test_normalized_times_clamped():
 
 
 def test_schedule_catalog_scans_once_and_place_run_follows_the_tail_rule():
-    from gcache.nodes.steps import ScheduleCatalog, place_run
+    from gcache.nodes.patching.steps import ScheduleCatalog, place_run
     calls = []
 
     def calculate(name, n):
@@ -131,7 +131,7 @@ def test_same_step_count_on_another_schedule_is_remapped_by_time_not_by_index():
 
 
 def test_scheduler_of_names_the_schedule_also_when_the_sampler_dropped_its_penultimate_sigma():
-    from gcache.nodes.steps import ScheduleCatalog
+    from gcache.nodes.patching.steps import ScheduleCatalog
 
     def calculate(name, n):
         if name == "broken":

@@ -8,11 +8,11 @@ import torch
 
 from gcache.core.engine import ResidualCache
 from gcache.core.errors import GCacheError
-from gcache.nodes import streams
-from gcache.nodes.adapters import BlockSlot, Stack
-from gcache.nodes.runtime import RunState, activate, current_run, deactivate, make_dit_patch
-from gcache.nodes.steps import StepTracker
-from gcache.nodes.streams import Layout, image_range, put_image, take_image
+from gcache.nodes.patching import streams
+from gcache.nodes.patching.adapters import BlockSlot, Stack
+from gcache.nodes.patching.runtime import RunState, activate, current_run, deactivate, make_dit_patch
+from gcache.nodes.patching.steps import StepTracker
+from gcache.nodes.patching.streams import Layout, image_range, put_image, take_image
 
 
 def test_img_slice_wins_over_the_layout_and_says_so_once(caplog):

@@ -29,7 +29,7 @@ class SpyRecorder(ProfileRecorder):
 
 def profile_run(model, seeds, cfg=3.0, recorder_cls=ProfileRecorder, **kw):
     rec = recorder_cls(times(), meta={"model": "tiny"}, **kw)
-    with ResidualCache(None, recorder=rec) as cache:
+    with ResidualCache(None, observers=(rec,)) as cache:
         sample(model, [s % 10 for s in seeds], seeds, n_steps=N, cfg_scale=cfg, cache=cache)
     return rec
 

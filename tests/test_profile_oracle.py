@@ -14,6 +14,7 @@ import stats_oracle as oracle
 from gcache.core.engine import CacheStats, ResidualCache
 from gcache.core.errors import GCacheError
 from gcache.core.profile import MAX_SAMPLE_KEYS, Profile, ProfileRecorder, sample_stride
+from gcache.core.step_clock import StackClock
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # deterministic in CI: examples derived from the test's name, no example database
@@ -213,7 +214,7 @@ class Spy(ProfileRecorder):
 @CI
 @given(st.booleans(), st.integers(1, 2), st.integers(0, 2**31 - 1), st.sampled_from([None, "cpu"]))
 def test_profile_mode_through_the_engine_equals_the_oracle(dtype, forecast, n_branches, seed, history_device):
-    """ResidualCache(None, recorder=…) as GCache Profile drives it: blocks that write into their input (LTXV), CFG
+    """ResidualCache(None, observers=(recorder, …)) as GCache Profile drives it: blocks that write into their input (LTXV), CFG
     branches batched in one call; the recorder sees h as it entered and δ = z − h, and its statistics are the
     oracle's on exactly those values."""
     n, times = 5, [1.0, 0.8, 0.55, 0.3, 0.1]
@@ -221,7 +222,7 @@ def test_profile_mode_through_the_engine_equals_the_oracle(dtype, forecast, n_br
     branches = ["cond", "uncond"][:n_branches]
     rec = Spy(times, forecast=forecast, history_device=history_device, chunk_elems=40)
     entered = []
-    with ResidualCache(None, recorder=rec) as cache:
+    with ResidualCache(None, observers=(rec,)) as cache:
         for step in range(n):
             h = (torch.randn(2 * n_branches, 6, 5, generator=g) * 4).to(dtype)
             w = torch.randn(6, 5, generator=g).to(dtype)
@@ -363,27 +364,27 @@ def test_measured_io_shares_equal_the_clock(calls_per_step, durations, branches)
     """The engine's io bookkeeping against a scripted clock: for each step but the first and the last (when 3 or
     more), 1 − (seconds in the stack, entry to exit) / (the step's seconds less the profile's own snapshot, before
     entry, and recording, after exit)."""
-    import gcache.core.engine as engine
+    import gcache.core.step_clock as step_clock
     ticks = iter(np.cumsum([0.0] + durations * 3).tolist())
 
     def clock():
         return next(ticks)
     import types
-    real = engine.time
-    engine.time = types.SimpleNamespace(perf_counter=clock)  # the engine's clock only, not the time module's
+    real = step_clock.time
+    step_clock.time = types.SimpleNamespace(perf_counter=clock)  # the step clock's time only, not the time module's
     try:
         rec = ProfileRecorder([1.0 - k / len(calls_per_step) for k in range(len(calls_per_step))])
         h = torch.randn(2, 3, 2)
-        with ResidualCache(None, recorder=rec) as cache:
+        clk = StackClock()  # its marks, taken inside enter/exit (and "end" at close): a raw timeline
+        with ResidualCache(None, observers=(rec, clk)) as cache:
             for step, calls in enumerate(calls_per_step):
                 cache.set_step(step)
                 for _ in range(calls):
                     cache.run(h, [branches] if isinstance(branches, str) else list(branches), lambda x: x + 1)
-            clk = cache._clock  # the marks taken inside enter/exit (and "end" at close), read as a raw timeline
         marks = list(clk.marks)
         stats = cache.stats
     finally:
-        engine.time = real
+        step_clock.time = real
     ends = [t for tag, _, t in marks if tag == "end"]
     assert len(ends) == 1
     starts = {step: t for tag, step, t in marks if tag == "step"}

@@ -26,8 +26,9 @@ from comfy.patcher_extension import WrappersMP  # noqa: E402
 import tiny_models as tm  # noqa: E402
 
 from gcache.core.policy import Policy  # noqa: E402
-from gcache.nodes import apply_mode, hooks  # noqa: E402
-from gcache.nodes.adapters import block_slots  # noqa: E402
+from gcache.nodes.modes import apply as apply_mode  # noqa: E402
+from gcache.nodes.patching import hooks  # noqa: E402
+from gcache.nodes.patching.adapters import block_slots  # noqa: E402
 
 N = 6
 

@@ -15,7 +15,8 @@ import tiny_models as tm  # noqa: E402
 
 from gcache.core.errors import GCacheError  # noqa: E402
 from gcache.core.policy import Policy  # noqa: E402
-from gcache.nodes import apply_mode, companions, hooks  # noqa: E402
+from gcache.nodes.modes import apply as apply_mode  # noqa: E402
+from gcache.nodes.patching import companions, hooks  # noqa: E402
 from gcache.nodes.apply_node import GCacheApply  # noqa: E402
 
 N = 6

@@ -24,9 +24,10 @@ import tiny_video_models as tvm  # noqa: E402
 
 from gcache.core.policy import Policy  # noqa: E402
 from gcache.core.profile import Profile  # noqa: E402
-from gcache.nodes import apply_mode, hooks, profile_mode  # noqa: E402
-from gcache.nodes.adapters import Route, block_slots  # noqa: E402
-from gcache.nodes.streams import Layout  # noqa: E402
+from gcache.nodes.modes import apply as apply_mode, profile as profile_mode  # noqa: E402
+from gcache.nodes.patching import hooks  # noqa: E402
+from gcache.nodes.patching.adapters import Route, block_slots  # noqa: E402
+from gcache.nodes.patching.streams import Layout  # noqa: E402
 
 N = 6
 MASK = [1, 0, 0, 1, 0, 1]  # K = 3: a skip after every computed step, two skips in a row once
@@ -43,7 +44,7 @@ for _mod in (tim, tvm):
         FAMILIES[_name] = (_build, _mod.FIRST_BLOCK[_name], _mod.EXPECTED_FAMILY[_name])
 
 # The DiT families that are new in ComfyUI 0.33 and the route each is verified with (or the whole-model fallback, with
-# the reason nodes/adapters.NOT_BY_BLOCKS gives); the builders are in tiny_*_models_033.py.
+# the reason nodes/patching/adapters.NOT_BY_BLOCKS gives); the builders are in tiny_*_models_033.py.
 FALLBACK = "whole-model fallback"
 FAMILIES_033 = {
     "flux2": "flux", "flux2_klein": "flux", "longcat_image": "flux", "z_image": "lumina2", "z_image_pixel": "lumina2",
@@ -282,7 +283,7 @@ def test_family(name, cfg, unet_dir, tmp_path, caplog):
     assert ad.name == expected
     if expected == FALLBACK:
         assert "whole-model fallback" in caplog.text, caplog.text
-        if name in FAMILIES_033:  # a family GCache knows: the log gives the reason (nodes/adapters.NOT_BY_BLOCKS)
+        if name in FAMILIES_033:  # a family GCache knows: the log gives the reason (nodes/patching/adapters.NOT_BY_BLOCKS)
             assert "cached as a whole model, not by blocks" in caplog.text, caplog.text
 
     # all ones: bit-identical to the unpatched model

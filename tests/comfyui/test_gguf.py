@@ -30,7 +30,7 @@ import gguf_files  # noqa: E402
 import tiny_models as tm  # noqa: E402
 
 from gcache.core.profile import Profile  # noqa: E402
-from gcache.nodes import auto_mode  # noqa: E402
+from gcache.nodes.modes import auto as auto_mode  # noqa: E402
 from gcache.nodes.apply_node import GCacheApply  # noqa: E402
 from gcache.nodes.profile_node import GCacheProfile  # noqa: E402
 

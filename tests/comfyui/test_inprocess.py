@@ -25,7 +25,9 @@ import tiny_models as tm  # noqa: E402
 from gcache.core.errors import GCacheError  # noqa: E402
 from gcache.core.policy import Policy  # noqa: E402
 from gcache.core.profile import Profile  # noqa: E402
-from gcache.nodes import apply_mode, hooks, profile_mode, search_job  # noqa: E402
+from gcache.nodes.modes import apply as apply_mode, profile as profile_mode  # noqa: E402
+from gcache.nodes.patching import hooks  # noqa: E402
+from gcache.nodes.search_jobs import job as search_job  # noqa: E402
 from gcache.nodes.apply_node import GCacheApply  # noqa: E402
 from gcache.nodes.search_node import GCacheSearch  # noqa: E402
 

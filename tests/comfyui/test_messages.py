@@ -22,7 +22,8 @@ import tiny_models as tm  # noqa: E402
 from gcache.core.errors import GCacheError  # noqa: E402
 from gcache.core.policy import Policy  # noqa: E402
 from gcache.core.profile import Profile  # noqa: E402
-from gcache.nodes import artifacts, background, search_job  # noqa: E402
+from gcache.nodes import artifacts  # noqa: E402
+from gcache.nodes.search_jobs import background, job as search_job  # noqa: E402
 from gcache.nodes.apply_node import GCacheApply  # noqa: E402
 from gcache.nodes.policy_node import GCachePolicy  # noqa: E402
 from gcache.nodes.profile_node import GCacheProfile  # noqa: E402

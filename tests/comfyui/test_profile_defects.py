@@ -22,7 +22,7 @@ from safetensors.torch import save as st_save  # noqa: E402
 from gcache.core.errors import GCacheError  # noqa: E402
 from gcache.core.policy import Policy  # noqa: E402
 from gcache.core.profile import Profile  # noqa: E402
-from gcache.nodes import search_job  # noqa: E402
+from gcache.nodes.search_jobs import job as search_job  # noqa: E402
 from gcache.nodes.apply_node import GCacheApply  # noqa: E402
 from gcache.nodes.policy_node import GCachePolicy  # noqa: E402
 from gcache.nodes.profile_node import GCacheLoadProfile, GCacheProfile  # noqa: E402

@@ -6,7 +6,7 @@ CPU, and returns `(model_patcher, positive, negative, latent)` with the conds in
 form, carrying the extras that family's model_base reads.
 
 FIRST_BLOCK names the first block the model's block loop actually calls (a forward pre-hook on it counts
-block-stack runs); EXPECTED_FAMILY the GCache adapter a reader of nodes/adapters.py expects for it.
+block-stack runs); EXPECTED_FAMILY the GCache adapter a reader of nodes/patching/adapters.py expects for it.
 """
 from __future__ import annotations
 

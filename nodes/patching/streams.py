@@ -20,7 +20,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from ..core.errors import GCacheError
+from ...core.errors import GCacheError
 
 log = logging.getLogger("gcache")
 

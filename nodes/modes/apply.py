@@ -1,32 +1,31 @@
-"""GCache Apply's mode: sample under a policy (skip the block stack on its reuse steps). Imports ComfyUI."""
+"""GCache Apply's mode: sample under a policy (skip the block stack on its reuse steps). Imports ComfyUI (base.py)."""
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from ..core.engine import CacheStats, ResidualCache
-from ..core import forecasters
-from ..core.io_share import IoShare
-from ..core.policy import Policy
-from .adapters import Route
-from .profile_mode import SPLITS
-from .run_config import RunConfig, check_step_mismatch, where_run
-from .runtime import RunState
-from .steps import place_policy
+from ...core import forecasters
+from ...core.engine import CacheStats, ResidualCache
+from ...core.io_share import IoShare
+from ...core.policy import Policy
+from ...core.step_clock import StepClock
+from ..patching.adapters import Route
+from ..patching.runtime import RunState
+from ..patching.steps import place_policy
+from .base import ModeConfig, check_step_mismatch, where_run
 
 log = logging.getLogger("gcache")
 
 
 @dataclass
-class ApplyConfig(RunConfig):
+class ApplyConfig(ModeConfig):
     policy: Optional[Policy] = None
     on_mismatch: str = "remap"       # "remap" | "error"
     cache_device: Optional[str] = None  # None: the model's device; "cpu"
     forecast: Optional[str] = None   # None: the policy's forecaster; a forecaster's name overrides it
 
-    def start_run(self, patcher, run_sigmas: list[float], sample_key: Callable[[], str]) -> RunState:
-        SPLITS.expire()  # a new prompt drops abandoned split recordings, whichever GCache node samples first
+    def begin(self, patcher, run_sigmas: list[float], sample_key: Callable[[], str]) -> RunState:
         pol = self.policy
         sched, times, tracker = where_run(patcher, run_sigmas, pol.sigmas, lambda s: pol.n_steps == s.n_run)
         placement = place_policy(pol, sched, times, self.on_mismatch)
@@ -44,14 +43,16 @@ class ApplyConfig(RunConfig):
             log.info("%s [%s, %s%s]%s", stats.summary(share), self.model_name, sched.where(),
                      "".join(f"; {x}" for x in extra), "" if ok else " (sampling did not finish)")
 
-        # forecasting in the model's normalized time of the global schedule (t = σ for flow models)
+        # forecasting in the model's normalized time of the global schedule (t = σ for flow models); a clock per
+        # lane times its steps (the measured speed-up of the log line)
         return RunState(lambda: ResidualCache(mask, cache_device=cache_device, forecast=fc.name, times=times,
-                                              forecast_params=params), tracker, self.owner, on_close=finish)
+                                              forecast_params=params, observers=(StepClock(),)),
+                        tracker, self.owner, on_close=finish)
 
 
 def apply_config(model, policy: Policy, on_mismatch: str = "remap", cache_device: Optional[str] = None,
                  forecast: Optional[int] = None) -> ApplyConfig:
     check_step_mismatch(on_mismatch)
-    return ApplyConfig(**RunConfig.describe(model.get_model_object("diffusion_model")), policy=policy,
+    return ApplyConfig(**ModeConfig.describe(model.get_model_object("diffusion_model")), policy=policy,
                        on_mismatch=on_mismatch, cache_device=cache_device,
                        forecast=None if forecast is None else forecasters.canonical(forecast))

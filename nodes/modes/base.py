@@ -1,9 +1,12 @@
-"""What every GCache-patched clone's config shares, and where a sampling run sits in its schedule. Imports ComfyUI.
+"""What every mode's config shares (ModeConfig), and where a sampling run sits in its schedule. Imports ComfyUI.
 
-A config (apply_mode.ApplyConfig, profile_mode.ProfileConfig, auto_mode.AutoConfig) is a flat record kept in the
-clone's transformer_options["gcache"]; no tensors, never changed after the node made it (ComfyUI 0.33 shares it
-between clones of the patched model, 0.3.64 copies it). `start_run(patcher, run_sigmas, sample_key)` returns the
-RunState of one sampling run; hooks.py closes it with `run.close(ok)` in the OUTER_SAMPLE wrapper's `finally`.
+A config (apply.ApplyConfig, profile.ProfileConfig, auto.AutoConfig) is a flat record kept in the clone's
+transformer_options["gcache"]; no tensors, never changed after the node made it (ComfyUI 0.33 shares it between
+clones of the patched model, 0.3.64 copies it). It is what ../patching/hooks.py calls a RunConfig:
+`start_run(patcher, run_sigmas, sample_key)` returns the RunState of one sampling run, which the OUTER_SAMPLE wrapper
+closes with `run.close(ok)` in its `finally`. start_run is ModeConfig's own: it expires abandoned split recordings
+(splits.py) once per run, whichever mode runs, then the mode's `begin` makes the run (auto begins as apply or
+profile).
 """
 from __future__ import annotations
 
@@ -11,14 +14,16 @@ import logging
 import uuid
 import weakref
 from dataclasses import dataclass, field
+from typing import Callable
 
 import comfy.samplers
 
-from ..core.engine import CacheStats
-from ..core.errors import GCacheError
-from .adapters import Adapter, Route, choose_adapter, estimated_io_share
-from .runtime import RunState
-from .steps import Schedule, ScheduleCatalog, StepTracker, model_time, normalized_times, place_run
+from ...core.engine import CacheStats
+from ...core.errors import GCacheError
+from ..patching.adapters import Adapter, Route, choose_adapter, estimated_io_share
+from ..patching.runtime import RunState
+from ..patching.steps import Schedule, ScheduleCatalog, StepTracker, model_time, normalized_times, place_run
+from .splits import SPLITS
 
 log = logging.getLogger("gcache")
 CACHE_DEVICES = {"model device": None, "cpu": "cpu"}  # the nodes' combo options → torch device (None: model's)
@@ -53,11 +58,21 @@ def check_step_mismatch(on_mismatch: str) -> None:
 
 
 @dataclass
-class RunConfig:
+class ModeConfig:
     adapter: Adapter
     io_share: float                  # estimated (parameter count) share of a step outside the block stack
     model_name: str
-    owner: str = field(default_factory=lambda: uuid.uuid4().hex)  # finds this clone's live run (runtime.py)
+    owner: str = field(default_factory=lambda: uuid.uuid4().hex)  # finds this clone's live run (patching/runtime.py)
+
+    def start_run(self, patcher, run_sigmas: list[float], sample_key: Callable[[], str]) -> RunState:
+        """One sampling run of this clone (RunConfig.start_run): a new prompt first drops the split recordings an
+        earlier one abandoned, whichever GCache node samples first; then the mode begins the run."""
+        SPLITS.expire()
+        return self.begin(patcher, run_sigmas, sample_key)
+
+    def begin(self, patcher, run_sigmas: list[float], sample_key: Callable[[], str]) -> RunState:
+        """The mode's part of start_run: the run's RunState (its lanes' caches, and what the mode does at close)."""
+        raise NotImplementedError
 
     @staticmethod
     def describe(diffusion_model) -> dict:

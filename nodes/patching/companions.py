@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-from ..core.errors import GCacheError
+from ...core.errors import GCacheError
 from .adapters import Adapter, Route, block_slots
 
 log = logging.getLogger("gcache")

@@ -24,19 +24,19 @@ from typing import Callable, Optional
 
 import torch
 
-from ..core.engine import CacheStats
-from ..core.errors import GCacheError
-from ..core import forecasters
-from ..core.policy import Policy, few_computed, k_for_speedup, out_of_reach, predicted_speedup
-from ..core.profile import Profile
-from . import artifacts
-from .apply_mode import ApplyConfig
-from .comfy_common import FOLDER_FIX, cant_write
-from .content_hash import content_hash
-from .profile_mode import ProfileConfig
-from .run_config import RunConfig, catalog_for, check_step_mismatch
-from .runtime import RunState
-from .steps import Schedule, place_run
+from ...core import forecasters
+from ...core.engine import CacheStats
+from ...core.errors import GCacheError
+from ...core.policy import Policy, few_computed, k_for_speedup, out_of_reach, predicted_speedup
+from ...core.profile import Profile
+from .. import artifacts
+from ..artifacts import FOLDER_FIX, cant_write
+from ..patching.content_hash import content_hash
+from ..patching.runtime import RunState
+from ..patching.steps import Schedule, place_run
+from .apply import ApplyConfig
+from .base import ModeConfig, catalog_for, check_step_mismatch
+from .profile import ProfileConfig
 
 log = logging.getLogger("gcache")
 # 3: built from a profile whose E is the mean absolute difference (profile format 2); 2: the forecaster the profile
@@ -71,7 +71,7 @@ def _tensor_samples(obj, depth: int = 0) -> list:
 
 
 @dataclass
-class AutoConfig(RunConfig):
+class AutoConfig(ModeConfig):
     folder: str = ""
     key: str = ""                   # model_key(model)
     speedup: float = 2.0            # the budget, as a target speed-up (K via the io share)
@@ -83,33 +83,33 @@ class AutoConfig(RunConfig):
         """The run's auto file names (None for a slice of a schedule) and its place in its schedule."""
         return _name(patcher, run_sigmas, self.model_name, self.key, self.speedup)
 
-    def start_run(self, patcher, run_sigmas: list[float], sample_key: Callable[[], str]) -> RunState:
+    def begin(self, patcher, run_sigmas: list[float], sample_key: Callable[[], str]) -> RunState:
         name, sched = self.name_for(patcher, run_sigmas)
         if name is None:  # a KSamplerAdvanced slice (Wan 2.2's experts): one sampler sees half the schedule
             log.warning("GCache Apply auto: this sampler runs %s, a slice of a schedule; auto mode profiles whole "
                         "runs only, so every step is computed. For split samplers give both models a GCache Profile "
                         "with one name, then GCache Policy → GCache Apply.", sched.where())
-            return ApplyConfig(**self.common(), policy=Policy.all_ones(sched.n_global)).start_run(
+            return ApplyConfig(**self.common(), policy=Policy.all_ones(sched.n_global)).begin(
                 patcher, run_sigmas, sample_key)
         notes: list[str] = []  # what this run found on the way (damaged files, searched policies it does not take)
         policy, how = self.find_policy(name, notes)
         if policy is not None:
             _say(notes, how)
             return ApplyConfig(**self.common(), policy=policy, on_mismatch="remap", cache_device=self.cache_device,
-                               forecast=self.forecast).start_run(patcher, run_sigmas, sample_key)
+                               forecast=self.forecast).begin(patcher, run_sigmas, sample_key)
         prof_path = name.profile_path(self.folder)
         blocked = cant_write(self.folder)
         if blocked:  # a profile that can't be saved is sampling time for nothing: the image, at full compute
             _say(notes + [f"no policy for this model, {sched.n_run} steps and {self.speedup:g}x, and {blocked}"],
                  f"this run computes every step without profiling (nothing could be saved). To have auto profile "
                  f"and make a policy, {FOLDER_FIX}", logging.WARNING)
-            return ApplyConfig(**self.common(), policy=Policy.all_ones(sched.n_global)).start_run(
+            return ApplyConfig(**self.common(), policy=Policy.all_ones(sched.n_global)).begin(
                 patcher, run_sigmas, sample_key)
         _say(notes, f"no policy for this model, {sched.n_run} steps and {self.speedup:g}x yet: this run computes "
                     f"every step and profiles it ({os.path.basename(prof_path)}).")
         # cache_device "cpu": the profile history is offloaded too; forecasting needs E1 and the fit statistics
         run = ProfileConfig(**self.common(), profile_path=prof_path, history_device=self.cache_device,
-                            forecast=True).start_run(patcher, run_sigmas, sample_key)
+                            forecast=True).begin(patcher, run_sigmas, sample_key)
 
         def finish(run: RunState, stats: CacheStats, ok: bool):
             if not (ok and os.path.isfile(prof_path)):
@@ -261,7 +261,7 @@ class AutoConfig(RunConfig):
     def build(self, name: artifacts.AutoName, profile: Profile) -> Policy:
         """The best instant policy for the profile (not saved here: the caller saves it unless Apply's forecast
         input chose the forecaster)."""
-        from ..search.instant import FEW_STEPS, choose_forecaster, instant_policy  # search/ once a policy is made
+        from ...search.instant import FEW_STEPS, choose_forecaster, instant_policy  # search/ once a policy is made
         share = profile.io  # measured while profiling: its median decides K, its range is reported
         io_share = share.value
         k = k_for_speedup(profile.n_steps, self.speedup, io_share)
@@ -331,6 +331,6 @@ def auto_config(model, folder: str, speedup: float, on_mismatch: str = "remap",
     if not speedup >= 1.0:
         raise GCacheError(f"auto_speedup must be at least 1.0, got {speedup}.")
     check_step_mismatch(on_mismatch)
-    return AutoConfig(**RunConfig.describe(model.get_model_object("diffusion_model")), folder=folder,
+    return AutoConfig(**ModeConfig.describe(model.get_model_object("diffusion_model")), folder=folder,
                       key=model_key(model), speedup=float(speedup), on_mismatch=on_mismatch,
                       cache_device=cache_device, forecast=None if forecast is None else forecasters.canonical(forecast))

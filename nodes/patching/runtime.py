@@ -19,8 +19,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from ..core.engine import CacheStats, ResidualCache
-from ..core.errors import GCacheError
+from ...core.engine import CacheStats, ResidualCache
+from ...core.errors import GCacheError
 from . import streams
 from .adapters import BlockSlot
 from .steps import StepTracker

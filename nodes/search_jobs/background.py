@@ -30,7 +30,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .artifacts import POLICY_SUFFIX, STATE_SUFFIX
+from ..artifacts import POLICY_SUFFIX, STATE_SUFFIX
 
 log = logging.getLogger("gcache")
 SLICE_KEY = "gcache_slice"  # in a slice prompt's GCache Search inputs: the search it continues

@@ -20,8 +20,8 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Sequence
 
-from ..core.errors import GCacheError
-from ..core.policy import Policy
+from ...core.errors import GCacheError
+from ...core.policy import Policy
 
 log = logging.getLogger("gcache")
 

@@ -13,19 +13,20 @@ import comfy.model_management
 import comfy.samplers
 import comfy.utils
 
-from ..core import forecasters
-from ..core.errors import GCacheError
-from ..core.policy import Policy, predicted_speedup
-from ..core.profile import Profile
-from ..search.bilevel import SearchConfig, SearchInterrupted, SearchResult, run_search
-from ..search.objectives import make_objective
-from ..search.state import check_state, load_state
-from . import artifacts, hooks
-from .apply_mode import apply_config
-from .auto_mode import auto_name
-from .comfy_common import FOLDER_FIX, cant_write
-from .content_hash import content_hash
-from .profile_mode import profile_config
+from ...core import forecasters
+from ...core.errors import GCacheError
+from ...core.policy import Policy, predicted_speedup
+from ...core.profile import Profile
+from ...search.bilevel import SearchConfig, SearchInterrupted, SearchResult, run_search
+from ...search.objectives import make_objective
+from ...search.state import check_state, load_state
+from .. import artifacts
+from ..artifacts import FOLDER_FIX, cant_write
+from ..modes.apply import apply_config
+from ..modes.auto import auto_name
+from ..modes.profile import profile_config
+from ..patching import hooks
+from ..patching.content_hash import content_hash
 from .sampling import decode, sample
 
 log = logging.getLogger("gcache")
@@ -180,7 +181,7 @@ class SearchJob:
 
     def best_so_far(self, profile: Profile) -> Policy:
         """The best mask the search has measured, else the instant policy of its forecaster."""
-        from ..search.instant import instant_policy
+        from ...search.instant import instant_policy
         fc = forecasters.get(self.config.forecast)
         state = _peek(self.state_path)
         hist = (state or {}).get("history") or []

@@ -1,5 +1,6 @@
-"""GCache Profile's mode: sample normally and add the run's block-stack residual errors to a profile file.
-Also the one owner of half-recorded split runs (Wan 2.2's two experts). Imports ComfyUI."""
+"""GCache Profile's mode: sample normally and add the run's block-stack residual errors to a profile file. A split
+schedule (Wan 2.2's two experts) is recorded in two halves; the first waits in SPLITS (splits.py) for the second.
+Imports ComfyUI (base.py)."""
 from __future__ import annotations
 
 import logging
@@ -7,76 +8,24 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from ..core.engine import CacheStats, ResidualCache, format_bytes
-from ..core.errors import GCacheError
-from ..core.io_share import run_summary
-from ..core.profile import Profile, ProfileRecorder
-from . import artifacts
-from .comfy_common import FOLDER_FIX, cant_write
-from .run_config import RunConfig, where_run
-from .runtime import RunState
-from .steps import Schedule
+from ...core.engine import CacheStats, ResidualCache, format_bytes
+from ...core.errors import GCacheError
+from ...core.io_share import run_summary
+from ...core.profile import Profile, ProfileRecorder
+from ...core.step_clock import StackClock, StepClock
+from .. import artifacts
+from ..artifacts import FOLDER_FIX, cant_write
+from ..patching.runtime import RunState
+from ..patching.steps import Schedule
+from .base import ModeConfig, where_run
+from .splits import SPLITS, Half
 
 log = logging.getLogger("gcache")
 _IO_STEPS = "io_step_shares"  # a run's per-step io shares until its last part is sampled (then one "io_runs" entry)
 
 
 @dataclass
-class _Half:
-    """The first part of a split schedule, recorded, waiting for the sampler of the remaining steps."""
-    recorder: Optional[ProfileRecorder]  # None: a duplicate run, recorded by nobody
-    key: str                             # the sample key of the whole run (taken in its first part)
-    end: int                             # the global step the next part must start at
-    sigmas: list[float]                  # the full schedule
-    prompt: Optional[str]
-
-
-class PendingSplits:
-    """The one owner of half-recorded split profiles (Wan 2.2's two experts: two samplers, two model clones,
-    one profile file). Module-level because the two halves belong to different clones; keyed by profile
-    file. Lifetime: the prompt that started them. A new prompt drops what an earlier one left (an abandoned half
-    keeps its residual history, possibly on the GPU) as soon as any GCache node samples, and a new first half
-    replaces an older one of the same file."""
-
-    def __init__(self, prompt_id: Callable[[], Optional[str]]):
-        self.prompt_id = prompt_id
-        self._halves: dict[str, _Half] = {}
-
-    def expire(self) -> None:
-        now = self.prompt_id()
-        for path in [p for p, h in self._halves.items() if now is not None and h.prompt != now]:
-            log.info("GCache Profile: dropping the unfinished split recording of %s from an earlier prompt.",
-                     os.path.basename(path))
-            del self._halves[path]
-
-    def continues(self, path: str, sched: Schedule) -> bool:
-        h = self._halves.get(path)
-        return h is not None and h.end == sched.offset and h.sigmas == sched.sigmas
-
-    def take(self, path: str, sched: Schedule) -> Optional[_Half]:
-        return self._halves.pop(path) if self.continues(path, sched) else None
-
-    def put(self, path: str, half: _Half) -> None:
-        self._halves[path] = half  # one per profile file; halves of earlier prompts are dropped by expire()
-
-    def __len__(self) -> int:
-        return len(self._halves)
-
-
-def _prompt_id() -> Optional[str]:
-    try:
-        from comfy_execution.utils import get_executing_context
-    except ImportError:  # an older ComfyUI: halves then live until consumed or replaced
-        return None
-    ctx = get_executing_context()
-    return getattr(ctx, "prompt_id", None) if ctx is not None else None
-
-
-SPLITS = PendingSplits(_prompt_id)
-
-
-@dataclass
-class ProfileConfig(RunConfig):
+class ProfileConfig(ModeConfig):
     profile_path: str = ""
     history_device: Optional[str] = None
     forecast: bool = False           # also record E1 (the order-1 forecast errors) for forecast policies
@@ -101,9 +50,8 @@ class ProfileConfig(RunConfig):
                               f"{FOLDER_FIX}, or take GCache Profile out of the workflow to sample without profiling.")
         return old
 
-    def start_run(self, patcher, run_sigmas: list[float], sample_key: Callable[[], str]) -> RunState:
+    def begin(self, patcher, run_sigmas: list[float], sample_key: Callable[[], str]) -> RunState:
         path = self.profile_path
-        SPLITS.expire()
         sched, times, tracker = where_run(patcher, run_sigmas, None, lambda s: not SPLITS.continues(path, s))
         meta = {"family": self.adapter.name, "model": self.model_name, "schedule": sched.source,
                 "io_share": round(self.io_share, 4)}
@@ -142,7 +90,7 @@ class ProfileConfig(RunConfig):
                 if shares:
                     recorder.meta[_IO_STEPS] = shares
             if sched.end < sched.n_global:
-                SPLITS.put(path, _Half(recorder, key, sched.end, sched.sigmas, SPLITS.prompt_id()))
+                SPLITS.put(path, Half(recorder, key, sched.end, sched.sigmas, SPLITS.prompt_id()))
                 if recorder is not None:
                     log.info("GCache Profile: recorded %s (%s held); waiting for the sampler of the remaining "
                              "steps.", sched.where(), format_bytes(recorder.peak_bytes))
@@ -161,7 +109,12 @@ class ProfileConfig(RunConfig):
             if why:
                 not_added(why)
 
-        return RunState(lambda: ResidualCache(None, recorder=recorder), tracker, self.owner, on_close=finish)
+        def engine() -> ResidualCache:  # one per device lane, with a clock of its own; the recorder is the run's
+            if recorder is None:  # a duplicate run: sampled and timed, recorded by nobody
+                return ResidualCache(None, observers=(StepClock(),))
+            return ResidualCache(None, observers=(recorder, StackClock()))  # the stack timed: the io share
+
+        return RunState(engine, tracker, self.owner, on_close=finish)
 
     def _add(self, prof: Profile, sched: Schedule) -> Optional[str]:
         """Merge into the file. A file damaged or replaced during sampling, or a folder that cannot be written,
@@ -190,7 +143,7 @@ class ProfileConfig(RunConfig):
 
 def profile_config(model, profile_path: str, history_device: Optional[str] = None, forecast: bool = False,
                    on_not_added: Optional[Callable[[str], None]] = None) -> ProfileConfig:
-    cfg = ProfileConfig(**RunConfig.describe(model.get_model_object("diffusion_model")), profile_path=profile_path,
+    cfg = ProfileConfig(**ModeConfig.describe(model.get_model_object("diffusion_model")), profile_path=profile_path,
                         history_device=history_device, forecast=forecast, on_not_added=on_not_added)
     cfg.check_file()
     return cfg

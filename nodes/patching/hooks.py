@@ -1,32 +1,38 @@
 """Wire GCache into a ComfyUI ModelPatcher clone: wrappers + block patches, nothing else. Imports ComfyUI.
 
-model.clone() → the config (apply_mode.ApplyConfig, auto_mode.AutoConfig or profile_mode.ProfileConfig; plain
-data, no tensors, never changed after the node made it) in transformer_options["gcache"], three wrappers keyed
-"gcache" (OUTER_SAMPLE: the config starts the per-run state, closed in `finally`; SAMPLER_SAMPLE: the step
-callback; APPLY_MODEL: the step of every model call, and the whole-model fallback) and the family's block patches. Nothing is stored on the shared diffusion model;
-object patches (families without dit replace) are ModelPatcher's own, restored on unpatch.
+model.clone() → the config (a RunConfig: plain data, no tensors, never changed after the node made it; the modes
+in ../modes make them) in transformer_options["gcache"], three wrappers keyed "gcache" (OUTER_SAMPLE: the config
+starts the per-run state, closed in `finally`; SAMPLER_SAMPLE: the step callback; APPLY_MODEL: the step of every
+model call, and the whole-model fallback) and the family's block patches. Nothing is stored on the shared diffusion
+model; object patches (families without dit replace) are ModelPatcher's own, restored on unpatch.
 """
 from __future__ import annotations
 
 import logging
-from typing import Optional, Union
+from typing import Callable, Optional, Protocol
 
 from comfy.patcher_extension import WrappersMP
 
 from . import companions
-from .adapters import Route, block_slots
-from .apply_mode import ApplyConfig
-from .auto_mode import AutoConfig
+from .adapters import Adapter, Route, block_slots
 from .content_hash import content_hash
-from .profile_mode import ProfileConfig
-from .runtime import activate, current_run, deactivate, make_dit_patch, make_gated_forward
+from .runtime import RunState, activate, current_run, deactivate, make_dit_patch, make_gated_forward
 
 log = logging.getLogger("gcache")
 KEY = "gcache"
-Config = Union[ApplyConfig, AutoConfig, ProfileConfig]
 
 
-def patch_model(model, config: Config, what: str = "GCache"):
+class RunConfig(Protocol):
+    """What the wrappers need from the config of a patched clone (../modes/base.py ModeConfig and its modes)."""
+    owner: str          # a token unique to the clone: its patches find the clone's live run by it (runtime.py)
+    adapter: Adapter    # where the family's block stack is, and how it is patched
+
+    def start_run(self, patcher, run_sigmas: list[float], sample_key: Callable[[], str]) -> RunState:
+        """The state of one sampling run (`run_sigmas`: the sampler's sigmas; `sample_key()`: what makes the run the
+        same run again), made when sampling starts and closed by the OUTER_SAMPLE wrapper with `run.close(ok)`."""
+
+
+def patch_model(model, config: RunConfig, what: str = "GCache"):
     """A clone of `model` with GCache wired in (replacing GCache hooks of an earlier GCache node). `what`: the node,
     for messages about what runs beside it (companions.py)."""
     companions.check_model(model, what)
@@ -51,14 +57,14 @@ def patch_model(model, config: Config, what: str = "GCache"):
     return m
 
 
-def config_of(model) -> Optional[Config]:
+def config_of(model) -> Optional[RunConfig]:
     return model.model_options.get("transformer_options", {}).get(KEY)
 
 
 # ------------------------------------------------------------------------------------------ the wrappers
 def _outer_sample(executor, *args, **kwargs):
     guider = executor.class_obj
-    config: Optional[Config] = guider.model_options.get("transformer_options", {}).get(KEY)
+    config: Optional[RunConfig] = guider.model_options.get("transformer_options", {}).get(KEY)
     if config is None:
         return executor(*args, **kwargs)
     companions.check_run(guider.model_options, guider.model_patcher, "GCache")

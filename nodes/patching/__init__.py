@@ -1,0 +1,9 @@
+"""Wiring GCache into a ComfyUI ModelPatcher clone, and attributing every model call to its sampler step.
+
+hooks.py (the clone, three wrappers keyed "gcache", the block patches; the RunConfig protocol it needs from a mode),
+runtime.py (RunState: one sampling run, its lanes and the one block-stack gate), adapters.py (the family table),
+streams.py (where a stream's image tokens are), steps.py (step attribution, schedule placement), companions.py
+(TorchCompileModel, EasyCache beside GCache), content_hash.py. A change to *how* GCache reaches a model or a step
+belongs here; what a run does with it (apply, profile, auto) belongs to ../modes. Nothing here imports a mode or a
+node class; only hooks.py and companions.py import ComfyUI (the rest is tested headlessly).
+"""
