@@ -75,7 +75,7 @@ def main(argv: Optional[list] = None) -> int:
 
 def _run(a) -> int:
     from ..core.profile import Profile
-    from ..search.bilevel import SearchConfig
+    from ..search.config import SearchConfig
     from ..search.comfyui_worker import ComfyUIWorker
     from ..search.parallel import run_search_parallel
     from .harness import ReferenceHarness

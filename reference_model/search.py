@@ -35,7 +35,8 @@ def main(argv=None, harness=None) -> int:
     a = ap.parse_args(argv)
     try:
         set_threads(a.threads)
-        from ..search.bilevel import SearchConfig, run_search
+        from ..search.bilevel import run_search
+        from ..search.config import SearchConfig
         from ..search.objectives import make_objective, psnr, ssim
         from ..search.plots import plot_search
         from .harness import ReferenceHarness
