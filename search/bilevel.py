@@ -39,7 +39,7 @@ from ..core.errors import GCacheError
 from ..core.policy import Policy
 from ..core.profile import Profile
 from ..core.weights import bernstein_w
-from .choice import NOISE_Z, choose, paired_difference  # noqa: F401  (NOISE_Z: the rule's constant, for callers)
+from .choice import choose, paired_difference
 from .config import SearchConfig
 from .gp import GPLCB, kappa_schedule, start_grid
 from .instant import dp_on, instant_name

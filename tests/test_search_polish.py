@@ -14,11 +14,10 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from gcache.core import forecasters
 from gcache.core.profile import ProfileRecorder
-from gcache.core.weights import analytic_w, bernstein_w
+from gcache.core.weights import analytic_w
 from gcache.search.bilevel import InProcessExecutor, mask_key, run_search
 from gcache.search.choice import choose
 from gcache.search.config import SearchConfig
-from gcache.search.dp import mask_cost
 from gcache.search.instant import instant_policy
 from gcache.search.parallel import ThreadExecutor, run_search_parallel
 from gcache.search.polish import halves, improves, moves
