@@ -42,7 +42,7 @@ from ..core.weights import bernstein_w
 from .choice import choose, paired_difference
 from .config import SearchConfig
 from .gp import GPLCB, kappa_schedule, start_grid
-from .instant import dp_on, instant_name
+from .instant import bound_on, dp_on, instant_name, propagation_weights
 from .polish import Polish
 from .starts import start_masks
 from .state import SearchState
@@ -150,7 +150,8 @@ def run_batch_search(profile: Profile, config: SearchConfig, executor: Executor,
     gp = GPLCB(config.degree + 1, config.s_min, config.s_max, config.seed, config.n_candidates, config.acq_polish,
                config.warm_maxiter, config.cold_every)
     _, _, n_gp, n_local = config.phases(len(starts))
-    polish = Polish(state, config.seed)
+    w_theory = propagation_weights(profile, "theory")
+    polish = Polish(state, config.seed, lambda key: bound_on(errors, w_theory, [int(c) for c in key]))
 
     def mask_for(s) -> tuple[list, float]:
         return dp_on(errors, bernstein_w(times, s), config.k)

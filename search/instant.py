@@ -24,8 +24,8 @@ from ..core.policy import Policy
 from ..core.profile import Profile
 from ..core.weights import analytic_w, bernstein_w
 from . import error_models
-from .dp import dp_mask
-from .dp_forecast import dp_mask_forecast
+from .dp import dp_mask, mask_cost
+from .dp_forecast import dp_mask_forecast, forecast_mask_cost
 
 METHODS = ("theory", "local", "bernstein")
 
@@ -48,6 +48,12 @@ def dp_on(errors: tuple, w: np.ndarray, k: int) -> tuple[list, float]:
     """The exact DP's K-mask and bound over error tensors (E2, E3) as a forecaster's dp_errors gives them."""
     e2, e3 = errors
     return dp_mask_forecast(e2, e3, w, k) if e3 is not None else dp_mask(e2, w, k)
+
+
+def bound_on(errors: tuple, w: np.ndarray, mask) -> float:
+    """The DP's objective for any mask over error tensors (E2, E3): what dp_on minimizes."""
+    e2, e3 = errors
+    return forecast_mask_cost(e2, e3, w, mask) if e3 is not None else mask_cost(e2, w, mask)
 
 
 def forecast_dp(profile: Profile, w: np.ndarray, k: int, forecast="reuse",

@@ -52,8 +52,14 @@ def test_moves_keep_k_and_step_0_and_come_nearest_first():
         diff = [i for i in range(len(key)) if m[i] != key[i]]
         assert len(diff) == 2 and {key[i] for i in diff} == {"0", "1"}
         dist.append(diff[1] - diff[0])
-    assert dist == sorted(dist) and dist[0] == 1  # ±1 moves first, then ±2, …
-    assert moves(key, seed=3) == out and moves(key, seed=4) != out  # seeded order within a distance
+    rings = [min(d, 3) for d in dist]
+    assert rings == sorted(rings) and rings[0] == 1  # ±1 moves first, then ±2, then the rest
+    assert moves(key, seed=3) == out and moves(key, seed=4) != out  # seeded order within a ring
+    score = lambda m: -sum(i * int(c) for i, c in enumerate(m))  # noqa: E731  (later steps first)
+    ranked = moves(key, seed=3, score=score)
+    assert sorted(ranked) == sorted(out)
+    by_ring = [(min(_distance(m, key), 3), score(m)) for m in ranked]
+    assert by_ring == sorted(by_ring)  # within a ring, the lowest score first
 
 
 def test_halves_split_the_seeds_in_two():
@@ -272,6 +278,10 @@ def test_a_polish_chain_from_the_fallback_is_kept_within_the_noise_and_a_gp_mask
     st_ = _state([("instant", "A"), ("instant", "B"), ("gp", "G"), ("polish", "P", "A", False)], masks)
     chosen, how, _ = choose(st_)
     assert chosen["mask"] == "A" and how == "instant_within_noise"
+    # a move the halves rejected is no candidate, even with a gain beyond the noise over the fallback: its parent is
+    masks["R"], masks["H"] = [0.60, 0.61, 0.60, 0.61], [0.70, 0.70, 0.70, 0.70]
+    st_ = _state([("instant", "A"), ("gp", "H"), ("polish", "R", "H", False)], masks)
+    assert choose(st_)[0]["mask"] == "H"
     # a chain rooted at the unbelievable G is not believable either
     masks["Q"] = [0.45, 1.40, 0.45, 1.40]
     st_ = _state([("instant", "A"), ("gp", "G"), ("polish", "Q", "G", True)], masks)
