@@ -8,6 +8,7 @@ gain over the Ks (ties: the smaller share).
 
     python -m gcache.bench.polish_split                      # ~50 min on one CPU core
     python -m gcache.bench.polish_split --ks 10 --gp-seeds 0-1 --shares 0 0.5
+    python -m gcache.bench.polish_split --shares 0 0.5 --order seeded   # the moves of a ring in a seeded order
 
 Ends with one JSON line.
 """
@@ -27,6 +28,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--budget", type=int, default=64, help="evaluations per search (GCache Search's default)")
     ap.add_argument("--gp-seeds", default="0-3", help="SearchConfig.seed of each repetition")
     ap.add_argument("--forecast", default="fitted", help="the forecaster masks are judged with (auto's pick here)")
+    ap.add_argument("--order", default="bound", choices=("bound", "seeded"), help="SearchConfig.polish_order")
     ap.add_argument("--objective", default="ssim")
     ap.add_argument("--search-seeds", default="1000-1015")
     ap.add_argument("--eval-seeds", default="0-31")
@@ -59,14 +61,15 @@ def main(argv=None) -> dict:
         for g in gp_seeds:
             for share in a.shares:
                 cfg = SearchConfig(k=k, budget=a.budget, seed=g, objective=a.objective, forecast=fc.name,
-                                   polish_share=share)
+                                   polish_share=share, polish_order=a.order)
                 res = run_search(profile, cfg, evaluate)
                 table.setdefault(k, {}).setdefault(share, []).append(
                     {"gp_seed": g, "psnr": round(held_out(res.policy.mask), 3), "loss": res.policy.metrics["loss"],
                      "won": res.policy.provenance["won"], "accepted": res.policy.provenance["polish"]["accepted"]})
             print(f"K = {k}, GP seed {g}: " + ", ".join(
                 f"share {s}: {table[k][s][-1]['psnr']:.2f} dB ({table[k][s][-1]['won']})" for s in a.shares), flush=True)
-    out = {"N": a.steps, "budget": a.budget, "forecast": fc.name, "gp_seeds": gp_seeds, "rows": [], "median_gain": {}}
+    out = {"N": a.steps, "budget": a.budget, "forecast": fc.name, "order": a.order, "gp_seeds": gp_seeds, "rows": [],
+           "median_gain": {}}
     print(f"\nmedian over {len(gp_seeds)} GP seeds: held-out PSNR dB (gain over the GP-only search, paired by seed)")
     for share in a.shares:
         gains = []

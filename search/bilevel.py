@@ -151,7 +151,8 @@ def run_batch_search(profile: Profile, config: SearchConfig, executor: Executor,
                config.warm_maxiter, config.cold_every)
     _, _, n_gp, n_local = config.phases(len(starts))
     w_theory = propagation_weights(profile, "theory")
-    polish = Polish(state, config.seed, lambda key: bound_on(errors, w_theory, [int(c) for c in key]))
+    polish = Polish(state, config.seed, None if config.polish_order == "seeded" else
+                    lambda key: bound_on(errors, w_theory, [int(c) for c in key]))
 
     def mask_for(s) -> tuple[list, float]:
         return dp_on(errors, bernstein_w(times, s), config.k)

@@ -17,6 +17,7 @@ SEARCH_MAX_DEGREE = 4  # GP dimension d + 1 ≤ 5 and a 2^(d+1) start grid (core
 # Of the evaluations after the start masks and the start grid, the share the polish stage gets (the GP-LCB phase
 # gets the rest). Measured on the reference model (bench/polish_split.py, bench/RESULTS.md 2026-11-27).
 POLISH_SHARE = 0.5
+POLISH_ORDERS = ("bound", "seeded")
 
 
 @dataclass
@@ -35,6 +36,7 @@ class SearchConfig:
     log_loss: bool = True   # the GP models log(loss) when losses are ≥ 0 (they span decades; see bilevel.gp_targets)
     forecast: str = "reuse"  # the forecaster masks are applied with (evaluate must apply it); its DP picks them
     polish_share: float = POLISH_SHARE  # of the evaluations after the starts and the grid: local moves (polish.py)
+    polish_order: str = "bound"  # which moves of a ring first: the lowest DP bound ("bound") or a seeded order
 
     def __post_init__(self):
         self.forecast = forecasters.canonical(self.forecast)  # old callers pass an order 0/1/2
@@ -57,6 +59,9 @@ class SearchConfig:
             raise GCacheError(f"The search box needs finite s_min < s_max, got [{self.s_min}, {self.s_max}].")
         if not isinstance(self.objective, str) or not self.objective:
             raise GCacheError("The objective needs a name (e.g. 'lpips_ssim', 'ssim', 'psnr').")
+        if self.polish_order not in POLISH_ORDERS:
+            raise GCacheError(f"polish_order must be one of {', '.join(map(repr, POLISH_ORDERS))}, got "
+                              f"{self.polish_order!r}.")
         if not (isinstance(self.polish_share, (int, float)) and 0.0 <= self.polish_share < 1.0):
             raise GCacheError(f"polish_share is the part of the budget after the start masks and the start grid that "
                               f"goes to local moves, in [0, 1) (the GP needs at least one proposal), got "

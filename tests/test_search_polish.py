@@ -104,6 +104,19 @@ def test_polish_moves_have_parents_keep_k_and_follow_the_incumbent():
     assert res.policy.provenance["polish"]["moves"] == 6
 
 
+@pytest.mark.parametrize("order", ["bound", "seeded"])
+def test_the_first_move_measured_is_the_nearest_with_the_lowest_bound_or_the_seeded_one(order):
+    from gcache.search.dp import mask_cost
+    prof = make_profile()
+    res = run_search(prof, SearchConfig(**dict(POLISHED, polish_order=order)), seeded(prof))
+    first = next(h for h in res.history if h["kind"] == "polish")
+    measured = {h["mask"] for h in res.history[:first["i"]]}
+    ring1 = [m for m in moves(first["parent"], CFG["seed"]) if _distance(m, first["parent"]) == 1 and m not in measured]
+    w = analytic_w(list(prof.times) + [0.0])
+    bound = lambda m: mask_cost(prof.E, w, [int(c) for c in m])  # noqa: E731  (reuse: the DP's objective over E)
+    assert first["mask"] == (min(ring1, key=bound) if order == "bound" else ring1[0])
+
+
 def test_polish_finds_a_better_mask_than_the_gp_alone():
     """A loss the DP's error model ranks wrongly: the hidden bound, but one mask next to the best the GP phase finds
     (its last ±1 move) is 3x better. GP-LCB only proposes DP optima of E and never measures it; the climb does."""
@@ -239,6 +252,8 @@ def test_the_polish_share_and_the_start_masks_are_part_of_the_search_id(tmp_path
     run_search(prof, SearchConfig(**POLISHED), seeded(prof), state_path=path)
     with pytest.raises(GCacheError, match="polish_share"):
         run_search(prof, SearchConfig(**dict(POLISHED, polish_share=0.25)), seeded(prof), state_path=path)
+    with pytest.raises(GCacheError, match="polish_order"):
+        run_search(prof, SearchConfig(**dict(POLISHED, polish_order="seeded")), seeded(prof), state_path=path)
     with pytest.raises(GCacheError, match="start masks"):
         run_search(prof, SearchConfig(**POLISHED), seeded(prof), state_path=path,
                    extra_masks=[("mine", [1, 1, 1, 1, 1] + [0] * 9)])
