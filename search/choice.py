@@ -6,8 +6,11 @@ The rule, on the search's own loss (the mean over its seeds):
 - A searched mask with a lower loss replaces it only when its gain is believable: beyond NOISE_Z paired standard
   errors over the seeds (it was the minimum of many noisy means, so a gain within the noise is likely luck), or
   because it ends a chain of accepted polish moves (each kept only because the half of the seeds it was not chosen
-  on agreed, polish.py) that starts at the fallback or at a mask that is itself believable. The lowest-loss
-  believable one is returned. A polish move that was not accepted is no candidate: the half of the seeds it was not
+  on agreed, polish.py) that starts at the fallback or at a mask that is itself believable, and beats the fallback
+  by CHAIN_Z paired standard errors. The lowest-loss believable one is returned. (Measured on the reference model,
+  bench/RESULTS.md 2026-11-27: chains that ended within one standard error of the fallback gained 0.35-0.41 dB
+  held-out at K = 6 and 15 of 30 and lost 0.99 dB at K = 20; those beyond it gained; CHAIN_Z = 1 gives up the
+  former to never lose the latter.) A polish move that was not accepted is no candidate: the half of the seeds it was not
   chosen on said it is worse than its parent (measured: choosing such moves when they beat the fallback by the
   noise margin lost 1.3 dB held-out at K = 10 of 30 on the reference model).
 - Without per-seed losses of 2+ seeds nothing can be checked: the lowest loss wins ("unchecked", and the log says so).
@@ -27,6 +30,7 @@ import numpy as np
 from .state import SearchState
 
 NOISE_Z = 2.0  # a searched mask must beat the fallback by this many paired standard errors over seeds
+CHAIN_Z = 1.0  # ... the end of a chain of accepted polish moves by this many
 
 
 def paired_difference(a: Optional[list], b: Optional[list]) -> Optional[dict]:
@@ -38,11 +42,11 @@ def paired_difference(a: Optional[list], b: Optional[list]) -> Optional[dict]:
     return {"mean": float(d.mean()), "se": se if math.isfinite(se) else None, "seeds": int(d.size)}
 
 
-def choose(state: SearchState) -> tuple[Optional[dict], str, bool]:
+def choose(state: SearchState, chain_z: float = CHAIN_Z) -> tuple[Optional[dict], str, bool]:
     """(the chosen entry — a history entry or the final argmin-μ one —, how it was chosen, whether a searched mask won
     without a check against the seed noise). How: best_evaluated | argmin_mu | beyond_noise (a believable searched
     mask that is not the lowest loss) | instant_within_noise (the fallback, lower-loss searched masks were not
-    believable)."""
+    believable). `chain_z`: CHAIN_Z (other values: for bench/polish_choice.py)."""
     masks, fin = state.masks, state.data.get("final")
     best = state.best(with_final=True)
     fallback = state.best(kinds=("instant",))
@@ -63,7 +67,8 @@ def choose(state: SearchState) -> tuple[Optional[dict], str, bool]:
             return None
         if gain["mean"] + NOISE_Z * gain["se"] < 0:
             return True
-        if e.get("kind") == "polish" and e.get("accepted") and depth < len(state.history):
+        if gain["mean"] + chain_z * gain["se"] < 0 and e.get("kind") == "polish" and e.get("accepted") and \
+                depth < len(state.history):
             parent = by_key.get(e["parent"])
             return parent is not None and parent["loss"] <= fallback["loss"] and bool(believable(parent, depth + 1))
         return False

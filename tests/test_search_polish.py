@@ -283,9 +283,9 @@ def _state(entries, masks):
 
 def test_a_polish_chain_from_the_fallback_is_kept_within_the_noise_and_a_gp_mask_is_not():
     noisy = [0.9, 1.1, 0.9, 1.1]  # the start mask's per-seed losses
-    masks = {"A": [1.0, 1.0, 1.0, 1.0], "G": [0.5, 1.44, 0.5, 1.44], "P": [0.90, 1.05, 0.92, 1.06], "B": noisy}
-    # G: the lowest mean (0.97) with a paired s.e. of 0.27: not believable; P (mean 0.9825): within the noise too
-    # (s.e. 0.04), but a polish move from the fallback A that the seeds it was not chosen on agreed with
+    masks = {"A": [1.0, 1.0, 1.0, 1.0], "G": [0.45, 1.40, 0.45, 1.40], "P": [0.90, 1.00, 0.92, 1.02], "B": noisy}
+    # G: the lowest mean (0.925), 0.27 s.e. below A: not believable; P (mean 0.96): 1.4 s.e. below A, within the
+    # noise margin (2) but a polish move from the fallback A that the seeds it was not chosen on agreed with
     st_ = _state([("instant", "A"), ("instant", "B"), ("gp", "G"), ("polish", "P", "A", True)], masks)
     chosen, how, unchecked = choose(st_)
     assert chosen["mask"] == "P" and how == "beyond_noise" and not unchecked
@@ -297,8 +297,12 @@ def test_a_polish_chain_from_the_fallback_is_kept_within_the_noise_and_a_gp_mask
     masks["R"], masks["H"] = [0.60, 0.61, 0.60, 0.61], [0.70, 0.70, 0.70, 0.70]
     st_ = _state([("instant", "A"), ("gp", "H"), ("polish", "R", "H", False)], masks)
     assert choose(st_)[0]["mask"] == "H"
+    # the same chain ending within one standard error of the fallback (0.4 s.e.) is not enough
+    masks["P"] = [0.90, 1.05, 0.92, 1.06]
+    st_ = _state([("instant", "A"), ("instant", "B"), ("gp", "G"), ("polish", "P", "A", True)], masks)
+    assert choose(st_)[0]["mask"] == "A"
     # a chain rooted at the unbelievable G is not believable either
-    masks["Q"] = [0.45, 1.40, 0.45, 1.40]
+    masks["Q"] = [0.44, 1.39, 0.44, 1.39]
     st_ = _state([("instant", "A"), ("gp", "G"), ("polish", "Q", "G", True)], masks)
     assert choose(st_)[0]["mask"] == "A"
 
