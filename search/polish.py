@@ -35,6 +35,7 @@ import numpy as np
 from .state import SearchState
 
 HALVES_SALT = 0x6A1F  # the halves' random split is seeded by (search seed, this), apart from the moves' orders
+RINGS = 3  # moves by 1, by 2, and by more
 
 
 def _digest(key: str) -> int:
@@ -46,8 +47,6 @@ def swap(key: str, computed: int, skipped: int) -> str:
     m[computed], m[skipped] = "0", "1"
     return "".join(m)
 
-
-RINGS = 3  # moves by 1, by 2, and by more
 
 
 def moves(key: str, seed: int, score: Optional[Callable[[str], float]] = None) -> list[str]:
@@ -123,7 +122,8 @@ class Polish:
                 if m in pending:
                     waiting = True
                 elif m not in self.state.masks:
-                    return {"kind": "polish", "s": None, "mask": m, "parent": inc, "bound": None}
+                    return {"kind": "polish", "s": None, "mask": m, "parent": inc,
+                            "bound": self.score(m) if self.score else None}
             if waiting:
                 return None
             self.data["incumbent"] = None  # a local optimum: the next climb starts from another root
