@@ -32,7 +32,8 @@ def main(argv=None) -> dict:
     import torch
     from ..reference_model.cluster import ReferenceWorker
     from ..reference_model.harness import ReferenceHarness
-    from ..search.bilevel import SearchConfig, run_search
+    from ..search.bilevel import run_search
+    from ..search.config import SearchConfig
     from ..search.cli import parse_seeds
     from ..search.ray_executor import RayExecutor
     from ..search.objectives import make_objective, psnr

@@ -1,13 +1,26 @@
-"""Quality at equal K on the reference model: GCache (DP + GP-LCB) against the baselines, and the search cost.
+"""Quality at equal K on the reference model: GCache (DP + GP-LCB + polish) against the baselines and today's rival
+forecasters, and the search cost.
 
-For N in {30 (, 50)} and K in {N/3, N/2, 2N/3}: every method gives a policy with exactly K computed steps;
-we sample held-out seeds under it and report PSNR / SSIM (and LPIPS when its backbone is present) against
-full compute with the same seeds. The profile and the search use other seeds (--search-seeds).
-Also: search evaluations (distinct masks), wall time, GP seconds per iteration at the end, and how many
-evaluations the search needed to come within 0.3 dB (held-out PSNR) of its full-budget result.
-`--gp-n 500` times the GP step at n = 500 observations (cold fit with restarts vs warm start, side by side).
+For N in {30 (, 50)} and K in {N/5, 4N/15, N/3, N/2, 2N/3} (6, 8, 10, 15, 20 of 30: 4-5x down to 1.5x): every
+method gives a policy with exactly K computed steps; we sample held-out seeds under it and report PSNR / SSIM (and
+LPIPS when its backbone is present) against full compute with the same seeds. The profile and the search use other
+seeds (--search-seeds).
 
-    python -m gcache.bench.quality --quick          # ~10 min on 2 CPU cores
+Rows per K: the baselines (uniform, TeaCache-like, local DP, theory DP), instant policies (reuse from one batch /
+one sample; linear, fitted, fitted with the RMS error model, and auto's pick), the reuse search (gcache), linear on
+its mask, the search with auto's forecaster (gcache_forecast; the same search without polish:
+gcache_forecast_nopolish), the fitted forecaster on the uniform mask, and the rivals (bench/rivals.py: spectrum,
+spectrum_mix, l2p) on the uniform mask (as they ship) and on gcache_forecast's mask.
+
+polish_gain_db: per K, the median over --gp-seeds (SearchConfig.seed) of the held-out PSNR of the forecast search with
+polish minus the same search without it (same budget).
+
+Also: search evaluations (distinct masks), wall time, GP seconds per iteration at the end, and how many evaluations
+the reuse search needed to come within 0.3 dB (held-out PSNR) of its full-budget result. `--gp-n 500` times the GP
+step at n = 500 observations (cold fit with restarts vs warm start, side by side).
+
+    python -m gcache.bench.quality --quick          # N = 30, budget 48, GP seeds 0-2: ~25 min on one CPU core
+    python -m gcache.bench.quality                  # N = 30, budget 64, GP seeds 0-4
     python -m gcache.bench.quality --steps 30 50 --budget 200
 
 Ends with one JSON line (the last N run).
@@ -24,9 +37,19 @@ import warnings
 
 import numpy as np
 
+RIVALS = ("spectrum", "spectrum_mix", "l2p")
 METHODS = ("uniform", "teacache", "local_dp", "theory_dp", "instant_1batch", "instant_1sample", "gcache",
-           "forecast_on_gcache_mask", "instant_linear", "instant_fitted", "instant_auto", "gcache_forecast")
+           "forecast_on_gcache_mask", "instant_linear", "instant_fitted", "instant_fitted_rms", "instant_auto",
+           "gcache_forecast", "gcache_forecast_nopolish", "fitted_uniform") + \
+    tuple(f"{r}_{m}" for r in RIVALS for m in ("uniform", "gcache_mask"))
+SEARCHES = ("gcache", "gcache_forecast", "gcache_forecast_nopolish")
+REUSING = ("uniform", "teacache", "local_dp", "theory_dp", "instant_1batch", "instant_1sample")  # no forecasting
 ONE_BATCH = 8  # samples in "one profiled batch" (instant_1batch); instant_1sample profiles a single seed
+
+
+def ks_of(n: int) -> list[int]:
+    """4-5x, ~3.75x, 3x, 2x and 1.5x of N computed steps (at least 2: K = 1 has one mask)."""
+    return sorted({max(2, round(n / 5)), max(2, round(4 * n / 15)), n // 3, n // 2, (2 * n) // 3})
 
 
 def held_out(h, mask, seeds, lpips_net=None, forecast="reuse", params=None) -> dict:
@@ -88,56 +111,79 @@ def gp_timing(n: int, dim: int = 4, iters: int = 10) -> dict:
 
 
 def run_n(n_steps, args, objective, lpips_net, harness_factory=None) -> dict:
+    from ..core import forecasters
     from ..reference_model.harness import ReferenceHarness
-    from ..search.baselines import all_baselines
-    from ..search.bilevel import SearchConfig, run_search
+    from ..search.baselines import all_baselines, uniform_mask
+    from ..search.bilevel import run_search
     from ..search.cli import parse_seeds
+    from ..search.config import SearchConfig
     from ..search.instant import choose_forecaster, instant_policy
+    from .rivals import l2p_params, trajectory_gram
     h = harness_factory(n_steps) if harness_factory else ReferenceHarness(n_steps)
-    search_seeds, eval_seeds = parse_seeds(args.search_seeds), parse_seeds(args.eval_seeds)
+    search_seeds, eval_seeds, gp_seeds = (parse_seeds(v) for v in (args.search_seeds, args.eval_seeds, args.gp_seeds))
     profile = h.profile(search_seeds, forecast=True)  # E, E1 and the fit statistics
+    gram = trajectory_gram(h, search_seeds)  # L2P's training data: the search seeds' full-compute residuals
     # instant policies from less: one batch of the search seeds (recorded as GCache Apply auto records it, with what
     # forecasting needs), and a single seed
     one_batch = h.profile(search_seeds[:ONE_BATCH], forecast=True)
     small = {"instant_1batch": one_batch, "instant_1sample": h.profile(search_seeds[:1])}
     auto_forecaster = {}
     h.full(eval_seeds)
-    rows, cost = [], []
-    ks = sorted({max(1, n_steps // 3), n_steps // 2, (2 * n_steps) // 3})
-    for k in ks:
-        for name, pol in all_baselines(profile, k).items():
-            rows.append({"K": k, "method": name, **held_out(h, pol.mask, eval_seeds, lpips_net), "mask": pol.describe()})
-        for name, prof in small.items():
-            pol = instant_policy(prof, k, "theory")
-            rows.append({"K": k, "method": name, **held_out(h, pol.mask, eval_seeds, lpips_net), "mask": pol.describe()})
-        # the instant forecast policies from one batch: linear, profile-fitted, and what Apply auto picks
-        auto_forecaster[k] = choose_forecaster(one_batch, k)[0]
-        for name, fc in (("instant_linear", "linear"), ("instant_fitted", "fitted"),
-                         ("instant_auto", auto_forecaster[k])):
-            pol = instant_policy(one_batch, k, "theory", forecast=fc)
-            rows.append({"K": k, "method": name, "mask": pol.describe(), "forecaster": fc,
-                         **held_out(h, pol.mask, eval_seeds, lpips_net, fc, pol.forecast_params)})
+    rows, cost, polish_runs = [], [], {}
+
+    def row(k, method, mask, fc="reuse", params=None, **extra):
+        rows.append({"K": k, "method": method, "mask": "".join("█" if v else "·" for v in mask), **extra,
+                     **({"forecaster": fc} if fc != "reuse" else {}),
+                     **held_out(h, mask, eval_seeds, lpips_net, fc, params)})
+        return rows[-1]
+
+    def search(k, fc, seed, share=None, extra=()):
+        kw = {} if share is None else {"polish_share": share}
+        cfg = SearchConfig(k=k, degree=args.degree, budget=args.budget, seed=seed, objective=objective.name,
+                           forecast=fc, **kw)
+        ev = h.evaluator(search_seeds, objective, forecast=fc, profile=profile if fc != "reuse" else None)
         t0 = time.time()
         with tempfile.TemporaryDirectory() as tmp:
-            cfg = SearchConfig(k=k, degree=args.degree, budget=args.budget, seed=args.seed, objective=objective.name)
-            res = run_search(profile, cfg, h.evaluator(search_seeds, objective), state_path=os.path.join(tmp, "s.json"),
-                             provenance={"seeds": search_seeds})
-        wall = time.time() - t0
-        m = held_out(h, res.policy.mask, eval_seeds, lpips_net)
-        rows.append({"K": k, "method": "gcache", **m, "mask": res.policy.describe()})
-        # forecasting: linear on the reuse search's mask, and searched with the forecaster auto picks (masks judged
-        # under it; seeded with the reuse-optimal mask too)
-        rows.append({"K": k, "method": "forecast_on_gcache_mask", "mask": res.policy.describe(),
-                     **held_out(h, res.policy.mask, eval_seeds, lpips_net, "linear")})
+            res = run_search(profile, cfg, ev, state_path=os.path.join(tmp, "s.json"),
+                             provenance={"seeds": search_seeds}, extra_masks=extra)
+        return res, time.time() - t0
+
+    for k in ks_of(n_steps):
+        for name, pol in all_baselines(profile, k).items():
+            row(k, name, pol.mask)
+        for name, prof in small.items():
+            row(k, name, instant_policy(prof, k, "theory").mask)
+        # the instant forecast policies from one batch: linear, profile-fitted (both error models), and auto's pick
+        auto_forecaster[k] = choose_forecaster(one_batch, k)[0]
+        for name, fc, model in (("instant_linear", "linear", "mean_abs"), ("instant_fitted", "fitted", "mean_abs"),
+                                ("instant_fitted_rms", "fitted", "rms"), ("instant_auto", auto_forecaster[k], "mean_abs")):
+            pol = instant_policy(one_batch, k, "theory", forecast=fc, error_model=model)
+            row(k, name, pol.mask, fc, pol.forecast_params)
+        res, wall = search(k, "reuse", args.seed)
+        m = row(k, "gcache", res.policy.mask, chosen=res.policy.provenance["won"])
+        row(k, "forecast_on_gcache_mask", res.policy.mask, "linear")  # linear on the reuse search's mask
+        # the search with the forecaster auto picks (masks judged under it), with and without polish, per GP seed
         fc = auto_forecaster[k]
-        with tempfile.TemporaryDirectory() as tmp:
-            fcfg = SearchConfig(k=k, degree=args.degree, budget=args.budget, seed=args.seed, objective=objective.name,
-                                forecast=fc)
-            fres = run_search(profile, fcfg, h.evaluator(search_seeds, objective, forecast=fc, profile=profile),
-                              state_path=os.path.join(tmp, "s.json"), provenance={"seeds": search_seeds},
-                              extra_masks=[("reuse_search", res.policy.mask)])  # the reuse-optimal mask too
-        rows.append({"K": k, "method": "gcache_forecast", "mask": fres.policy.describe(), "forecaster": fc,
-                     **held_out(h, fres.policy.mask, eval_seeds, lpips_net, fc, fres.policy.forecast_params)})
+        for g in sorted(set(gp_seeds) | {args.seed}):
+            for share, tag in ((None, "polish"), (0.0, "nopolish")):
+                fres, fwall = search(k, fc, g, share)
+                fpol = fres.policy
+                psnr_g = held_out(h, fpol.mask, eval_seeds, None, fc, fpol.forecast_params)["psnr"]
+                polish_runs.setdefault(k, {}).setdefault(g, {})[tag] = {
+                    "psnr": round(psnr_g, 3), "loss": fpol.metrics["loss"], "won": fpol.provenance["won"],
+                    "accepted": fpol.provenance["polish"]["accepted"], "wall_s": round(fwall, 1)}
+                if g == args.seed:
+                    r = row(k, "gcache_forecast" + ("" if tag == "polish" else "_nopolish"), fpol.mask, fc,
+                            fpol.forecast_params, chosen=fpol.provenance["won"])
+                    if tag == "polish":
+                        searched = fpol
+        uni = uniform_mask(n_steps, k)
+        fitted = forecasters.get("fitted")
+        row(k, "fitted_uniform", uni, "fitted", fitted.fit(profile, uni))
+        for rival in RIVALS:
+            for where, mask in (("uniform", uni), ("gcache_mask", searched.mask)):
+                params = l2p_params(gram, mask) if rival == "l2p" else {}
+                row(k, f"{rival}_{where}", mask, rival, params)
         gp_secs = [e["gp_seconds"] for e in res.history if e["gp_seconds"] is not None]
         mu = held_out(h, res.mu_mask, eval_seeds)["psnr"]
         bst = held_out(h, res.best_mask, eval_seeds)["psnr"]
@@ -147,58 +193,81 @@ def run_n(n_steps, args, objective, lpips_net, harness_factory=None) -> dict:
                      "chosen": res.policy.provenance["chosen"], "won": res.policy.provenance["won"],
                      "s": None if res.s_best is None else [round(v, 2) for v in res.s_best],
                      "search_loss": res.policy.metrics["loss"], "psnr_mu_mask": mu, "psnr_best_mask": bst,
-                     "evals_to_0.3dB": convergence(res, h, eval_seeds, m["psnr"])})
-    return {"N": n_steps, "rows": rows, "cost": cost, "ks": ks, "auto_forecaster": auto_forecaster}
+                     "evals_to_0.3dB": convergence(res, h, eval_seeds, m["psnr"]),
+                     "forecast_won": searched.provenance["won"], "forecast_chosen": searched.provenance["chosen"],
+                     "polish_accepted": searched.provenance["polish"]["accepted"]})
+    return {"N": n_steps, "rows": rows, "cost": cost, "ks": ks_of(n_steps), "auto_forecaster": auto_forecaster,
+            "polish_runs": polish_runs}
 
 
 def report(out: dict, objective_name: str, lpips: bool) -> dict:
     n, rows, cost = out["N"], out["rows"], out["cost"]
     print(f"\nN = {n}: held-out PSNR / SSIM{' / LPIPS' if lpips else ''} vs full compute (search objective: "
           f"{objective_name})")
-    print(f"{'K':>3} {'method':<10} {'PSNR dB':>8} {'SSIM':>7}{' LPIPS' if lpips else ''}  mask")
+    print(f"{'K':>3} {'method':<38} {'PSNR dB':>8} {'SSIM':>7}{' LPIPS' if lpips else ''}  mask")
     for r in rows:
         lp = f" {r['lpips']:.4f}" if lpips else ""
         fc = f" ({r['forecaster']})" if r.get("forecaster") else ""
-        print(f"{r['K']:>3} {r['method'] + fc:<32} {r['psnr']:8.2f} {r['ssim']:7.4f}{lp}  {r['mask']}")
+        print(f"{r['K']:>3} {r['method'] + fc:<38} {r['psnr']:8.2f} {r['ssim']:7.4f}{lp}  {r['mask']}")
     print("search cost per K:")
     for c in cost:
         print("  " + ", ".join(f"{k}={v}" for k, v in c.items()))
     half = n // 2
     at_half = {r["method"]: r["psnr"] for r in rows if r["K"] == half}
-    reusing = ("uniform", "teacache", "local_dp", "theory_dp", "instant_1batch", "instant_1sample")  # no forecasting
-    rival = max(reusing, key=lambda m: at_half[m])
+    rival = max(REUSING, key=lambda m: at_half[m])
     margin = at_half["gcache"] - at_half[rival]
     per = {r["method"]: np.array(r["psnr_per_image"]) for r in rows if r["K"] == half}
     diff = per["gcache"] - per[rival]  # paired over the held-out seeds: how much of the margin is seed noise
     se = float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else float("nan")
-    best_everywhere = all(max((r for r in rows if r["K"] == k and r["method"] in reusing + ("gcache",)),
-                              key=lambda r: r["psnr"])["method"] == "gcache" for k in out["ks"])
-    print(f"GCache (reuse) best of the reusing methods at every K: {best_everywhere}; GCache − best baseline ({rival}) "
-          f"at K = N/2: {margin:+.2f} dB "
+    print(f"GCache (reuse) − best baseline ({rival}) at K = N/2: {margin:+.2f} dB "
           f"(paired standard error over {len(diff)} held-out seeds: {se:.2f} dB)")
-    # the (reuse) search against the best of everything else that reuses (instant, baselines), at every K; and
-    # forecasting against reuse, both searched
-    vs_best, gain, inst_gain, fit_gain = {}, {}, {}, {}
+    # the reuse search against the best of everything else that reuses (instant, baselines); the forecast search
+    # against every row that is no GCache search (rivals on its own mask included); forecasting against reuse
+    vs_best, fvs_best, gain, inst_gain, fit_gain, polish, rivals = {}, {}, {}, {}, {}, {}, {}
     for k in out["ks"]:
         at_k = {r["method"]: r["psnr"] for r in rows if r["K"] == k}
-        vs_best[str(k)] = round(at_k["gcache"] - max(at_k[m] for m in reusing), 3)
+        vs_best[str(k)] = round(at_k["gcache"] - max(at_k[m] for m in REUSING), 3)
+        others = [m for m in at_k if m not in SEARCHES]
+        best_other = max(others, key=lambda m: at_k[m])
+        fvs_best[str(k)] = {"margin_db": round(at_k["gcache_forecast"] - at_k[best_other], 3), "best_other": best_other}
         gain[str(k)] = round(at_k["gcache_forecast"] - at_k["gcache"], 3)
         inst_gain[str(k)] = round(at_k["instant_auto"] - at_k["instant_1batch"], 3)  # both from one batch
         fit_gain[str(k)] = round(at_k["instant_fitted"] - at_k["instant_linear"], 3)
-    third = str(min(out["ks"]))
+        runs = out["polish_runs"][k]
+        polish[str(k)] = round(statistics.median(r["polish"]["psnr"] - r["nopolish"]["psnr"] for r in runs.values()), 3)
+        fitted_on = {"uniform": at_k["fitted_uniform"], "gcache_mask": at_k["gcache_forecast"]}
+        for rv in RIVALS:
+            for where in ("uniform", "gcache_mask"):
+                rivals.setdefault(rv, {}).setdefault(where, {})[str(k)] = round(at_k[f"{rv}_{where}"] - fitted_on[where], 3)
+    third = str(min(k for k in out["ks"] if k >= n // 3))
+    print("polish: forecast search with − without polish, held-out PSNR dB per K (median over GP seeds " +
+          ", ".join(map(str, sorted(next(iter(out["polish_runs"].values()))))) + "): " +
+          ", ".join(f"K={k}: {v:+.2f}" for k, v in polish.items()))
+    for k, runs in out["polish_runs"].items():
+        print(f"  K={k}: " + "; ".join(f"seed {g}: {r['polish']['psnr']:.2f} vs {r['nopolish']['psnr']:.2f} "
+                                       f"({r['polish']['won']}, {r['polish']['accepted']} moves kept)"
+                                       for g, r in runs.items()))
     print("forecast (auto's forecaster, searched) − reuse (searched), held-out PSNR dB per K: " +
           ", ".join(f"K={k}: {v:+.2f}" for k, v in gain.items()))
     print("instant, one batch: auto's forecaster − reuse: " + ", ".join(f"K={k}: {v:+.2f}" for k, v in inst_gain.items())
           + "; fitted − linear: " + ", ".join(f"K={k}: {v:+.2f}" for k, v in fit_gain.items())
           + "; auto picked " + ", ".join(f"K={k}: {v}" for k, v in out["auto_forecaster"].items()))
-    print("GCache − best other method (instant or baseline), held-out PSNR dB per K: " +
+    print("GCache (reuse search) − best other reusing method, held-out PSNR dB per K: " +
           ", ".join(f"K={k}: {v:+.2f}" for k, v in vs_best.items()))
+    print("GCache (forecast search) − best row that is no GCache search: " +
+          ", ".join(f"K={k}: {v['margin_db']:+.2f} (vs {v['best_other']})" for k, v in fvs_best.items()))
+    print("rivals − fitted on the same mask (uniform / gcache_forecast's), dB: " + "; ".join(
+        f"{rv} {where}: " + ", ".join(f"K={k} {v:+.2f}" for k, v in per_k.items())
+        for rv, d in rivals.items() for where, per_k in d.items()))
     gp_end = [c["gp_s_per_iter_end"] for c in cost if c["gp_s_per_iter_end"] is not None]
     return {"N": n, "rows": [{"K": r["K"], "method": r["method"], "psnr": round(r["psnr"], 3),
                               "ssim": round(r["ssim"], 4), **({"lpips": round(r["lpips"], 4)} if lpips else {})}
                              for r in rows],
             "gcache_minus_best_baseline_psnr_at_half": round(margin, 3), "margin_paired_se_db": round(se, 3),
-            "search_minus_best_other_psnr": vs_best,
+            "search_minus_best_other_psnr": vs_best, "forecast_search_minus_best_other_psnr": fvs_best,
+            "polish_gain_db": polish,
+            "polish_runs": {str(k): {str(g): r for g, r in v.items()} for k, v in out["polish_runs"].items()},
+            "rival_minus_fitted_db": rivals,
             "forecast_gain_db_at_third": gain[third], "forecast_min_gain_db": min(gain.values()), "forecast_gain_db": gain,
             "instant_forecast_minus_reuse_db": inst_gain, "fitted_minus_linear_db": fit_gain,
             "auto_forecaster": {str(k): v for k, v in out["auto_forecaster"].items()},
@@ -209,9 +278,11 @@ def report(out: dict, objective_name: str, lpips: bool) -> dict:
 
 def main(argv=None, harness_factory=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="N = 30, budget 48: ~10 min on 2 cores")
+    ap.add_argument("--quick", action="store_true", help="N = 30, budget 48, GP seeds 0-2: ~25 min on one core")
     ap.add_argument("--steps", type=int, nargs="+", default=[30])
-    ap.add_argument("--budget", type=int, default=None, help="search iterations per K (default 48 quick, 200 full)")
+    ap.add_argument("--budget", type=int, default=None, help="search iterations per K (default 48 quick, 64 full)")
+    ap.add_argument("--gp-seeds", default=None, help="SearchConfig.seed of the polish comparison (default 0-2 quick, "
+                                                     "0-4 full; --seed is one of them)")
     ap.add_argument("--degree", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--objective", default="auto", help="auto = lpips_ssim if the LPIPS backbone is present, else ssim")
@@ -225,7 +296,8 @@ def main(argv=None, harness_factory=None) -> dict:
     set_threads(a.threads)
     if a.quick:
         a.steps = [30]
-    a.budget = a.budget or (48 if a.quick else 200)
+    a.budget = a.budget or (48 if a.quick else 64)
+    a.gp_seeds = a.gp_seeds or ("0-2" if a.quick else "0-4")
     name = a.objective if a.objective != "auto" else ("lpips_ssim" if lpips_available() else "ssim")
     objective = make_objective(name)
     lpips_net = load_lpips() if lpips_available() else None

@@ -120,6 +120,16 @@ class Policy:
         return cls(mask=[1] * n_steps, method="full", **kw)
 
     @classmethod
+    def for_mask(cls, profile, mask: Sequence[int], forecaster="reuse", **kw) -> "Policy":
+        """The policy that applies `mask` with `forecaster` on the steps of `profile` (its times and sigmas), with
+        the forecaster's parameters fitted to the mask from the profile (the profile-fitted one's α). `kw`: method,
+        provenance, metrics."""
+        fc = forecasters.get(forecaster)
+        mask = [int(v) for v in mask]
+        return cls(mask=mask, times=[float(t) for t in profile.times], sigmas=[float(s) for s in profile.sigmas],
+                   forecast=fc.name, forecast_params=fc.fit(profile, mask), **kw)
+
+    @classmethod
     def from_steps(cls, n_steps: int, steps: Sequence[int], **kw) -> "Policy":
         mask = [0] * n_steps
         for s in steps:

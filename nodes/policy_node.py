@@ -10,6 +10,7 @@ from comfy_api.latest import io
 from ..core.errors import GCacheError
 from ..core.files import safe_name
 from ..core.policy import check_budget, few_computed, k_for_speedup, out_of_reach
+from ..search.error_models import DEFAULT as DEFAULT_ERROR_MODEL, ERROR_MODELS
 from ..search.instant import METHODS, instant_policy, propagation_weights
 from ..search.plots import plot_policy
 from . import artifacts
@@ -64,6 +65,10 @@ class GCachePolicy(io.ComfyNode):
                                tooltip="Skipped steps reuse the residual, or forecast it linearly, quadratically or "
                                        "with coefficients fitted to the profile (the mask is then chosen for that "
                                        "forecaster: needs a profile recorded with record_forecast)."),
+                io.Combo.Input("error_model", options=list(ERROR_MODELS), default=DEFAULT_ERROR_MODEL, optional=True,
+                               tooltip="The errors the DP weighs: mean_abs, the forecaster's mean |error| (default); "
+                                       "rms, its exact RMS error (needs a profile recorded with record_forecast). "
+                                       "They can pick different masks; GCache Search measures both."),
                 io.String.Input("save_name", default="",
                                 tooltip="Save as models/gcache/<name>.json for GCache Apply's list (empty: not saved)."),
             ],
@@ -72,10 +77,12 @@ class GCachePolicy(io.ComfyNode):
         )
 
     @classmethod
-    def execute(cls, profile, budget, speedup, k, method, bernstein_s, save_name, forecast="reuse (0)") -> io.NodeOutput:
+    def execute(cls, profile, budget, speedup, k, method, bernstein_s, save_name, forecast="reuse (0)",
+                error_model=DEFAULT_ERROR_MODEL) -> io.NodeOutput:
         cc.check_choice("budget", budget, BUDGETS)
         cc.check_choice("method", method, METHODS)
         cc.check_choice("forecast", forecast, list(cc.FORECAST))
+        cc.check_choice("error_model", error_model, list(ERROR_MODELS))
         profile.require_clean("GCache Policy")
         path = artifacts.policy_path(cc.folder(), safe_name(save_name, "policy name")) if save_name.strip() else None
         blocked = artifacts.cant_write(os.path.dirname(path)) if path else None
@@ -88,12 +95,12 @@ class GCachePolicy(io.ComfyNode):
         if note:
             log.warning("GCache Policy: %s.", note)
         s = parse_s(bernstein_s) if method == "bernstein" else None
-        policy = instant_policy(profile, kk, method, s, forecast=cc.FORECAST[forecast])
+        policy = instant_policy(profile, kk, method, s, forecast=cc.FORECAST[forecast], error_model=error_model)
         share = profile.io  # the io share the profile measured, with its range
         policy.metrics.update(share.metrics(profile.n_steps, kk))
         ms = (time.perf_counter() - t0) * 1e3
-        log.info("GCache Policy: %s, K = %d of %d, %s (%s), %.1f ms: %s", method, kk, profile.n_steps,
-                 share.describe_speedup(profile.n_steps, kk), share.describe(), ms, policy.describe())
+        log.info("GCache Policy: %s (%s), K = %d of %d, %s (%s), %.1f ms: %s", method, error_model, kk,
+                 profile.n_steps, share.describe_speedup(profile.n_steps, kk), share.describe(), ms, policy.describe())
         if path:
             try:
                 policy.save(path)

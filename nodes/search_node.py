@@ -13,7 +13,9 @@ from comfy_api.latest import io
 
 from ..core.errors import GCacheError
 from ..core.files import safe_name
-from ..search.bilevel import SearchConfig, SearchInterrupted
+from ..search.bilevel import SearchInterrupted
+from ..search.config import SearchConfig
+from ..search.starts import start_count
 from ..search.objectives import OBJECTIVES, make_objective
 from ..search.plots import plot_search
 from ..search.requirements import require, search_modules
@@ -56,9 +58,10 @@ class GCacheSearch(io.ComfyNode):
                 io.Int.Input("k", default=10, min=1, max=1000,
                              tooltip="Budget K: steps that compute the block stack (K ≤ steps). Speed-up ≈ steps/K."),
                 io.Int.Input("budget", default=64, min=2, max=10000,
-                             tooltip="Search iterations (sampling runs per seed): the 3 instant masks and the "
-                                     "2^(degree+1) start grid included, so at least 20 for degree 3. The paper "
-                                     "uses 500."),
+                             tooltip="Search iterations (sampling runs per seed): the start masks (the instant "
+                                     "masks of each error model, 3 to 6) and the 2^(degree+1) start grid included, so "
+                                     "at least 20 for degree 3 (23 when forecasting); after the GP-LCB phase, local "
+                                     "moves of the best mask get half of the rest. The paper uses 500."),
                 io.Int.Input("degree", default=3, min=1, max=4,
                              tooltip="Degree of the Bernstein polynomial w(t; s) (the paper uses 3)."),
                 io.Combo.Input("objective", options=list(OBJECTIVES), default="lpips_ssim",
@@ -97,7 +100,10 @@ class GCacheSearch(io.ComfyNode):
         cc.check_choice("mode", mode, MODES)
         config = SearchConfig(k=k, degree=degree, budget=budget, seed=seed, objective=objective,
                               forecast=cc.FORECAST[forecast])
-        config.validate(steps)  # K and the budget are refused before any sampling, not after the references
+        # K and the budget are refused before any sampling, not after the references: the reference runs record the
+        # forecast statistics (so the RMS error model's start masks) when the search forecasts
+        has_stats = profile.has_fit_stats() if profile is not None else config.forecast != "reuse"
+        config.validate(steps, start_count(config.forecast, has_stats))
         require(*search_modules(objective))  # before any sampling: names a missing package and its pip command
         make_objective(objective)  # fails early, with a message, when LPIPS weights are missing
         job = SearchJob(model, positive, negative, latent, vae, [seed + i for i in range(seeds)], steps, cfg,

@@ -95,7 +95,7 @@ def check_arguments(a):
     before Ray starts anything: a GCacheError names each problem. Sets a.steps and a.workers in the ComfyUI mode
     (the profile's steps, one worker per server); returns (search config, seeds, urls, workflow, profile,
     provenance)."""
-    from ..search.bilevel import SearchConfig
+    from ..search.config import SearchConfig
     from ..search.comfyui_worker import ComfyUIWorker
     problems = Problems()
     seeds = problems.check(parse_seeds, a.search_seeds, "--search-seeds")

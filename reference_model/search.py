@@ -44,7 +44,7 @@ def main(argv=None, harness=None) -> int:
 def check_arguments(a):
     """Every argument, then what the objective needs (packages, LPIPS' backbone: downloaded on first use), before
     the model loads. Returns (search config, search seeds, held-out seeds, objective)."""
-    from ..search.bilevel import SearchConfig
+    from ..search.config import SearchConfig
     from ..search.objectives import make_objective
     problems = Problems()
     k = a.k if a.k is not None else a.steps // 2

@@ -5,7 +5,12 @@
     gp.py                the outer GP-LCB proposer (Algorithm 2, Appendix D.3), GP-BUCB pending points
     instant.py           instant policies: the DP under analytic weights (theory, local, given s)
     baselines.py         uniform / TeaCache-like / local DP / theory DP policies at the same K
-    bilevel.py           SearchConfig, the search loop (run_search; run_batch_search with q in flight), SearchResult
+    error_models.py      the error tensors a DP picks masks from (mean |error|, RMS), by name
+    config.py            SearchConfig: what one search is, and how its budget splits into phases
+    starts.py            the search's start masks (instant DP masks of every error model, TeaCache-like, extras)
+    bilevel.py           the search loop (run_search; run_batch_search with q in flight), SearchResult
+    polish.py            the polish stage: local moves of the best mask on the true loss, with a guard on the seeds
+    choice.py            which measured mask a search returns (never worse than its best start mask on its loss)
     state.py             the search's resumable state file (SearchState, load_state)
     parallel.py          run_search_parallel and ThreadExecutor: several evaluations in flight
     ray_executor.py      RayExecutor: evaluations on Ray actors (optional extra)

@@ -21,10 +21,9 @@ from .instant import instant_policy
 
 
 def _policy(mask: Sequence[int], profile: Optional[Profile], method: str, **prov) -> Policy:
-    times = sigmas = None
     if profile is not None:
-        times, sigmas = [float(t) for t in profile.times], [float(s) for s in profile.sigmas]
-    return Policy(mask=list(mask), times=times, sigmas=sigmas, method=method, provenance=dict(prov))
+        return Policy.for_mask(profile, mask, "reuse", method=method, provenance=dict(prov))
+    return Policy(mask=list(mask), method=method, provenance=dict(prov))
 
 
 def uniform_mask(n: int, k: int) -> list[int]:

@@ -1,138 +1,57 @@
-"""The bilevel search (paper §3.3, Algorithm 2): GP-LCB over s outside, the exact DP for the mask inside.
+"""The bilevel search (paper §3.3, Algorithm 2): GP-LCB over s outside, the exact DP for the mask inside, and a
+polish stage of local moves on the true loss.
 
     s ──DP(E, w(t; s), K)──► mask ──evaluate(mask)──► loss        (evaluate: sampling + decode vs. full run)
 
-- The first evaluations are the start masks: the instant masks (theory DP, local DP) and the TeaCache-like mask
-  for the same K, then the caller's extra masks; then the 2^{d+1} start grid, then GP-LCB. The result keeps the
-  best measured mask, so the search never returns something it measured worse than an instant policy (and, with
-  per-seed losses, replaces the best instant mask only when the gain exceeds NOISE_Z paired standard errors: the
-  winner of many noisy comparisons overfits); the Policy says which method won and, when `evaluate` returns
-  per-seed losses, the paired difference to the theory-DP instant policy (mean ± s.e. over seeds).
+- The budget is spent in four phases (SearchConfig.phases): the start masks (starts.py: the instant DP masks of
+  every error model, the TeaCache-like mask, the caller's extra masks), the 2^{d+1} start grid, GP-LCB proposals,
+  then polish moves (polish.py: first-improvement hill climbing of the best mask so far, a move kept only when both
+  halves of the seeds improve). Then the GP is refit on every (s, loss) and s_μ = argmin μ(s) gives one more mask
+  (evaluated if new).
+- The result (choice.py) is never worse on the search's own loss than its best start mask; a searched mask replaces
+  that one only when its gain is beyond NOISE_Z paired standard errors over the seeds or it ends a chain of polish
+  moves that held on the seeds they were not chosen on. The Policy says which method won and, when `evaluate`
+  returns per-seed losses, the paired difference to the theory-DP instant policy (mean ± s.e. over seeds).
 - One loop, `run_batch_search`, keeps up to q evaluations in flight on an Executor (parallel.ThreadExecutor,
   ray_executor.RayExecutor). A GP proposal made while others are out sees them as observed at the GP's posterior
   mean (GP-BUCB: the mean does not move, the uncertainty around them shrinks), so a batch spreads out instead of
-  proposing one point q times. Results come back out of order: a history entry gets its index when it completes,
-  and the κ schedule follows that index. `run_search` is this loop with q = 1 and evaluate() called in this
-  process: the sequential search.
+  proposing one point q times; the polish stage has q moves of its incumbent out. Results come back out of order: a
+  history entry gets its index when it completes, and the κ schedule follows that index. `run_search` is this loop
+  with q = 1 and evaluate() called in this process: the sequential search.
 - Every distinct mask is evaluated once (also across masks still out); another s that gives a known mask reuses
   its loss (recorded as `reused` in the history; the GP still sees the new (s, loss) point).
 - The state file (state.py) is written atomically after every result and before every dispatch. A search started
   again with the same config, profile and provenance resumes from it, dispatching again what was out (at most q
   evaluations lost); with q = 1 and the same seed it ends with the same policy as an uninterrupted run.
-- `budget` counts evaluations in the history (start masks and start grid included). At the end the GP is refit on
-  all of them, s_μ = argmin μ(s) gives one more mask (evaluated if new); the result keeps the better measured of
-  that mask and the best evaluated one.
 """
 from __future__ import annotations
 
 import json
 import logging
-import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol, Sequence
 
 import numpy as np
 
 from ..core import forecasters
 from ..core.errors import GCacheError
-from ..core.policy import Policy, check_budget
+from ..core.policy import Policy
 from ..core.profile import Profile
 from ..core.weights import bernstein_w
-from .baselines import teacache_mask
-from .dp import dp_mask
-from .dp_forecast import dp_mask_forecast
+from .choice import choose, paired_difference
+from .config import SearchConfig
 from .gp import GPLCB, kappa_schedule, start_grid
-from .instant import instant_name, instant_policy
+from .instant import bound_on, dp_on, instant_name, propagation_weights
+from .polish import Polish
+from .starts import start_masks
 from .state import SearchState
 
 log = logging.getLogger("gcache")
-SEARCH_MAX_DEGREE = 4  # GP dimension d + 1 ≤ 5 and a 2^(d+1) start grid (core.weights allows 8)
-NOISE_Z = 2.0  # a searched mask must beat the best instant one by this many paired standard errors over seeds
-
-
-
-def instant_methods(forecast: str) -> dict:
-    """The instant masks the search measures first, name -> (instant method, forecaster) or None (TeaCache-like):
-    the instant DP masks for the forecaster the search applies (and, when forecasting, the reuse-optimal theory
-    mask too), then the TeaCache-like one."""
-    if forecast == "reuse":
-        return {"theory_dp": ("theory", "reuse"), "local_dp": ("local", "reuse"), "teacache": None}
-    return {instant_name("theory", forecast): ("theory", forecast), instant_name("local", forecast): ("local", forecast),
-            "theory_dp": ("theory", "reuse"), "teacache": None}
-
-
-def instant_masks(profile: Profile, k: int, forecast="reuse") -> list[tuple[str, list]]:
-    """(method name, mask) of the instant masks, in the order the search measures them."""
-    def mask(how) -> list:
-        return teacache_mask(profile.rel_h, k)[0] if how is None else \
-            instant_policy(profile, k, how[0], forecast=how[1]).mask
-    return [(name, mask(how)) for name, how in instant_methods(forecasters.canonical(forecast)).items()]
-
-
-def start_masks(profile: Profile, config: SearchConfig,
-                extra_masks: Sequence[tuple[str, Sequence[int]]] = ()) -> list[tuple[str, list]]:
-    """The instant masks, then the caller's extra masks, each checked to be a K-mask over the profile's steps."""
-    n = profile.n_steps
-    masks = instant_masks(profile, config.k, config.forecast) + [(str(nm), [int(v) for v in m]) for nm, m in extra_masks]
-    for nm, m in masks:
-        if len(m) != n or sum(m) != config.k or m[0] != 1:
-            raise GCacheError(f"The start mask {nm!r} is not a K = {config.k} mask over {n} steps with step 0 computed.")
-    return masks
 
 
 class SearchInterrupted(Exception):
     """should_stop() said stop; the state file holds every evaluation so far (resume by running again)."""
-
-
-@dataclass
-class SearchConfig:
-    k: int
-    degree: int = 3
-    budget: int = 64
-    seed: int = 0
-    objective: str = "lpips_ssim"
-    s_min: float = 0.0
-    s_max: float = 10.0
-    n_candidates: int = 2048
-    n_polish: int = 3
-    warm_maxiter: int = 30
-    cold_every: int = 50
-    log_loss: bool = True   # the GP models log(loss) when losses are ≥ 0 (they span decades; see gp_targets)
-    forecast: str = "reuse"  # the forecaster masks are applied with (evaluate must apply it); its DP picks them
-
-    def __post_init__(self):
-        self.forecast = forecasters.canonical(self.forecast)  # old callers pass an order 0/1/2
-
-    def validate(self, n_steps: int, n_extra_masks: int = 0) -> None:
-        """Raises on a config that can't search N = n_steps; `n_extra_masks`: the caller's extra start masks."""
-        check_budget(self.k, n_steps)
-        self.validate_settings(n_extra_masks)
-
-    def validate_settings(self, n_extra_masks: int = 0) -> None:
-        """What `validate` checks besides K against N (degree, budget, search box, objective): a command checks
-        these even where K is wrong, and names every problem at once."""
-        if not isinstance(self.degree, int) or not 1 <= self.degree <= SEARCH_MAX_DEGREE:
-            raise GCacheError(f"degree must be a whole number in 1..{SEARCH_MAX_DEGREE} (the paper uses 3), got {self.degree!r}.")
-        starts, grid = len(instant_methods(self.forecast)) + n_extra_masks, 2 ** (self.degree + 1)
-        least = starts + grid + 1  # the GP proposes at least once
-        if not isinstance(self.budget, int) or self.budget < least:
-            raise GCacheError(f"budget = {self.budget!r} evaluations covers at most the {starts} start masks and the "
-                              f"{grid}-point start grid of degree {self.degree}, so the GP would never propose a mask: "
-                              f"the minimum useful budget is {least} (the paper uses 500). For no search at all, use "
-                              "GCache Policy's instant policy.")
-        if not (math.isfinite(self.s_min) and math.isfinite(self.s_max) and self.s_min < self.s_max):
-            raise GCacheError(f"The search box needs finite s_min < s_max, got [{self.s_min}, {self.s_max}].")
-        if not isinstance(self.objective, str) or not self.objective:
-            raise GCacheError("The objective needs a name (e.g. 'lpips_ssim', 'ssim', 'psnr').")
-
-    def identity(self) -> dict:
-        """What makes two searches the same search: everything but the budget (a larger budget continues it)."""
-        d = asdict(self)
-        d.pop("budget")
-        # state files written when the forecast was an order (0/1/2) keep their id
-        d["forecast"] = {"reuse": 0, "linear": 1, "quadratic": 2}.get(self.forecast, self.forecast)
-        return d
 
 
 @dataclass
@@ -217,27 +136,30 @@ def run_batch_search(profile: Profile, config: SearchConfig, executor: Executor,
     if not isinstance(q, int) or q < 1:
         raise GCacheError(f"q (evaluations in flight) must be a whole number ≥ 1, got {q!r}.")
     n = profile.n_steps
-    config.validate(n, len(extra_masks))
+    config.validate(n, 0)  # K first: the start masks need a valid K
     E, times = profile.E, np.asarray(profile.times, dtype=np.float64)
     if E.shape != (n, n) or times.shape != (n,):
         raise GCacheError(f"The profile is inconsistent: E is {E.shape} and has {times.size} times for {n} steps.")
     # the forecaster's error tensors: a profile without forecast errors stops here, with the fix
     fc = forecasters.get(config.forecast)
-    E2, E3 = fc.dp_errors(profile)
+    errors = fc.dp_errors(profile)
+    starts = start_masks(profile, config.k, config.forecast, extra_masks)
+    config.validate(n, len(starts))
     provenance = json.loads(json.dumps(dict(provenance or {}), default=str))
-    state = SearchState.open(state_path, config, profile, provenance)
-    starts = start_masks(profile, config, extra_masks)
+    state = SearchState.open(state_path, config, profile, provenance, [name for name, _ in starts])
     grid = start_grid(config.degree + 1, config.s_min, config.s_max)
-    gp = GPLCB(config.degree + 1, config.s_min, config.s_max, config.seed, config.n_candidates, config.n_polish,
+    gp = GPLCB(config.degree + 1, config.s_min, config.s_max, config.seed, config.n_candidates, config.acq_polish,
                config.warm_maxiter, config.cold_every)
-    n_gp = config.budget - len(starts) - len(grid)
+    _, _, n_gp, n_local = config.phases(len(starts))
+    w_theory = propagation_weights(profile, "theory")
+    polish = Polish(state, config.seed, None if config.polish_order == "seeded" else
+                    lambda key: bound_on(errors, w_theory, [int(c) for c in key]))
 
     def mask_for(s) -> tuple[list, float]:
-        w = bernstein_w(times, s)
-        return dp_mask_forecast(E2, E3, w, config.k) if E3 is not None else dp_mask(E2, w, config.k)
+        return dp_on(errors, bernstein_w(times, s), config.k)
 
-    def propose(j: int) -> dict:
-        """Proposal j: a start mask, a start grid point, or GP-LCB's next s."""
+    def propose(j: int) -> Optional[dict]:
+        """Proposal j: a start mask, a start grid point, GP-LCB's next s or a polish move (None: wait for a result)."""
         if j < len(starts):
             name, mask = starts[j]
             return {"kind": "instant", "s": None, "mask": mask_key(mask), "method": name, "bound": None}
@@ -245,6 +167,8 @@ def run_batch_search(profile: Profile, config: SearchConfig, executor: Executor,
             s = grid[j - len(starts)]
             mask, bound = mask_for(s)
             return {"kind": "grid", "s": [float(v) for v in s], "mask": mask_key(mask), "bound": bound}
+        if j >= len(starts) + len(grid) + n_gp:
+            return polish.propose()
         t0 = time.perf_counter()
         S, y = _observations(state, config)
         state.theta = gp.fit(S, y, state.theta)
@@ -260,7 +184,7 @@ def run_batch_search(profile: Profile, config: SearchConfig, executor: Executor,
     every = max(1, config.budget // 10)
 
     def report(entry: dict, iteration: int) -> None:
-        best = min(state.history[:iteration], key=lambda h: (h["loss"], h["i"]))
+        best = state.best(upto=iteration)
         if progress:
             progress({"iteration": iteration, "budget": config.budget, "evaluations": len(state.masks),
                       "best_loss": best["loss"], **entry})
@@ -284,6 +208,9 @@ def run_batch_search(profile: Profile, config: SearchConfig, executor: Executor,
             others = [o for o in state.pending if o["mask"] == p["mask"] and o is not p]  # proposed while it was out
             state.pending[:] = [o for o in state.pending if o["mask"] != p["mask"]]
             entries = [state.record(p, secs, False)] + [state.record(o, 0.0, True) for o in others]
+            for entry in entries:
+                if entry["kind"] == "polish":
+                    polish.observe(entry)
             state.save()
             for entry in entries:
                 announce(entry)
@@ -311,8 +238,8 @@ def run_batch_search(profile: Profile, config: SearchConfig, executor: Executor,
     t_start = time.perf_counter()
     seeds = len(provenance.get("seeds", []))
     resumed = state.history or state.pending
-    log.info("GCache Search: N = %d, K = %d, budget %d (%d instant masks, %d start grid, %d GP), %s, objective %s%s; %s.",
-             n, config.k, config.budget, len(starts), len(grid), max(n_gp, 0),
+    log.info("GCache Search: N = %d, K = %d, budget %d (%d start masks, %d start grid, %d GP, %d polish), %s, "
+             "objective %s%s; %s.", n, config.k, config.budget, len(starts), len(grid), max(n_gp, 0), n_local,
              _count(seeds, "seed") if seeds else "? seeds", config.objective, f", {q} in flight" if q > 1 else "",
              f"resumed at evaluation {len(state.history)}" + (
                  f" ({_count(len(state.pending), 'evaluation')} dispatched again)" if state.pending else "")
@@ -326,7 +253,12 @@ def run_batch_search(profile: Profile, config: SearchConfig, executor: Executor,
                 state.save()
                 raise SearchInterrupted(f"Search stopped after {len(state.history)} of {config.budget} iterations; "
                                         "run it again with the same settings to resume.")
+            first_move = state.data["polish"]["guard"] is None
             p = propose(state.proposed())
+            if p is None:  # polish: every move of the incumbent is out (or nothing is left to climb from)
+                break
+            if p["kind"] == "polish" and first_move:
+                _log_polish_start(state, n_local)
             if p["mask"] in state.masks:  # measured before: recorded at once, nothing dispatched
                 entry = state.record(p, 0.0, True)
                 state.save()
@@ -351,40 +283,34 @@ def run_batch_search(profile: Profile, config: SearchConfig, executor: Executor,
     return result
 
 
+def _log_polish_start(state: SearchState, n_local: int) -> None:
+    pol = state.data["polish"]
+    if pol["guard"] == "halves":
+        log.info("GCache Search: polish: %d local moves from %s; a move is kept only when both halves of the seeds "
+                 "improve.", n_local, pol["incumbent"])
+    else:
+        log.info("GCache Search: polish: %d local moves from %s; no per-seed losses for two or more seeds, so a move "
+                 "is kept whenever the loss falls (no check against overfitting the search's seeds: use 2+ seeds "
+                 "for it).", n_local, pol["incumbent"])
+
+
 def _observations(state: SearchState, config: SearchConfig) -> tuple[np.ndarray, np.ndarray]:
-    """What the GP sees: the (s, loss) pairs (start masks have no s)."""
+    """What the GP sees: the (s, loss) pairs (start masks and polish moves have no s)."""
     hist = [h for h in state.history if h["s"] is not None]
     return np.array([h["s"] for h in hist]), gp_targets([h["loss"] for h in hist], config.log_loss)
 
 
 def _method_of(entry: dict) -> str:
-    return entry.get("method") or {"grid": "gcache start grid", "gp": "gcache GP-LCB"}.get(entry["kind"], entry["kind"])
-
-
-def paired_difference(a: Optional[list], b: Optional[list]) -> Optional[dict]:
-    """mean ± s.e. over seeds of a − b (per-seed losses of two masks), or None without per-seed losses."""
-    if not a or not b or len(a) != len(b):
-        return None
-    d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
-    se = float(d.std(ddof=1) / math.sqrt(d.size)) if d.size > 1 else float("nan")
-    return {"mean": float(d.mean()), "se": se if math.isfinite(se) else None, "seeds": int(d.size)}
+    return entry.get("method") or {"grid": "gcache start grid", "gp": "gcache GP-LCB",
+                                   "polish": "gcache polish"}.get(entry.get("kind"), "gcache argmin mu")
 
 
 def _result(state: SearchState, profile: Profile, config: SearchConfig) -> tuple[SearchResult, bool]:
     """The result, and whether a searched mask won without a check of its gain against the seed noise."""
     hist, fin, masks = state.history, state.data["final"], state.masks
-    best = min(hist, key=lambda h: (h["loss"], h["i"]))  # ties: the earliest, so an instant mask is kept
-    chosen, how = (fin, "argmin_mu") if fin["loss"] < best["loss"] else (best, "best_evaluated")
-    won = "gcache argmin mu" if chosen is fin else _method_of(best)
-    # A searched mask replaces the best instant one only when its gain is beyond the seeds' noise: it was
-    # selected as the minimum of many noisy means, so a gain within NOISE_Z standard errors is likely luck.
-    instant = min((h for h in hist if h["kind"] == "instant"), key=lambda h: (h["loss"], h["i"]), default=None)
-    unchecked = False
-    if instant is not None and chosen.get("kind") != "instant":
-        gain = paired_difference(masks[chosen["mask"]].get("per_seed"), masks[instant["mask"]].get("per_seed"))
-        unchecked = gain is None or gain["se"] is None
-        if not unchecked and gain["mean"] + NOISE_Z * gain["se"] >= 0:
-            chosen, how, won = instant, "instant_within_noise", instant["method"]
+    best = state.best()
+    chosen, how, unchecked = choose(state)
+    won = _method_of(chosen)
     own = instant_name("theory", config.forecast)  # the instant policy of the same forecaster
     theory = next((h for h in hist if h.get("method") == own), None)
     vs = paired_difference(masks[chosen["mask"]].get("per_seed"), masks[theory["mask"]].get("per_seed")) \
@@ -393,17 +319,17 @@ def _result(state: SearchState, profile: Profile, config: SearchConfig) -> tuple
     prov = dict(state.data.get("provenance") or {})
     prov.update({"s": chosen["s"], "degree": config.degree, "objective": config.objective, "chosen": how, "won": won,
                  "iterations": len(hist), "evaluations": len(masks), "search_seed": config.seed,
-                 "s_range": [config.s_min, config.s_max], "profile": state.data["profile"], "state": state.search_id})
+                 "s_range": [config.s_min, config.s_max], "profile": state.data["profile"], "state": state.search_id,
+                 "polish": {"moves": sum(h["kind"] == "polish" for h in hist),
+                            "accepted": sum(bool(h.get("accepted")) for h in hist), "guard": state.data["polish"]["guard"]}})
     metrics = {"loss": chosen["loss"], "objective": config.objective, "mu_loss": fin["loss"], "best_loss": best["loss"]}
     if theory is not None:
         metrics["instant_loss"] = theory["loss"]
     if vs is not None:
         metrics["loss_minus_instant"] = vs  # paired over seeds: < 0 means the search beat the instant policy
     prov["forecast"] = {"forecaster": config.forecast, "chosen_by": "search config"}
-    fc = forecasters.get(config.forecast)
-    policy = Policy(mask=to_mask(chosen["mask"]), times=[float(t) for t in profile.times],
-                    sigmas=[float(v) for v in profile.sigmas], method="gcache", provenance=prov, metrics=metrics,
-                    forecast=fc.name, forecast_params=fc.fit(profile, to_mask(chosen["mask"])))
+    policy = Policy.for_mask(profile, to_mask(chosen["mask"]), config.forecast, method="gcache", provenance=prov,
+                             metrics=metrics)
     return SearchResult(policy=policy, best_mask=to_mask(best["mask"]), best_loss=best["loss"],
                         mu_mask=to_mask(fin["mask"]), mu_loss=fin["loss"], s_best=chosen["s"], s_mu=fin["s"],
                         history=hist, state=state.data, evaluations=len(masks)), unchecked

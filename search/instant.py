@@ -9,7 +9,8 @@ No sampling is needed, so a user gets a speed-up from the first profiled run (GC
 
 With a forecaster (core/forecasters: linear, quadratic, profile-fitted) the mask is the one that is best when
 skipped steps forecast their residual (dp_forecast.py over the forecaster's error tensors), which differs from the
-best mask for reuse. choose_forecaster picks the forecaster for a profile and K by a held-out bound.
+best mask for reuse. The error tensors come from an error model (error_models.py: the forecaster's mean |error| by
+default, or its exact RMS error). choose_forecaster picks the forecaster for a profile and K by a held-out bound.
 """
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ from ..core.errors import GCacheError
 from ..core.policy import Policy
 from ..core.profile import Profile
 from ..core.weights import analytic_w, bernstein_w
-from .dp import dp_mask
-from .dp_forecast import dp_mask_forecast
+from . import error_models
+from .dp import dp_mask, mask_cost
+from .dp_forecast import dp_mask_forecast, forecast_mask_cost
 
 METHODS = ("theory", "local", "bernstein")
 
@@ -42,34 +44,47 @@ def propagation_weights(profile: Profile, method: str = "theory", s: Optional[Se
     raise GCacheError(f"Unknown instant method {method!r}: use one of {', '.join(METHODS)}.")
 
 
-def forecast_dp(profile: Profile, w: np.ndarray, k: int, forecast="reuse") -> tuple[list, float]:
-    """The exact DP's K-mask and bound for masks applied with `forecast` (its error tensors from the profile)."""
-    profile.require_clean("The DP (instant policies, the forecaster choice)")
-    e2, e3 = forecasters.get(forecast).dp_errors(profile)
+def dp_on(errors: tuple, w: np.ndarray, k: int) -> tuple[list, float]:
+    """The exact DP's K-mask and bound over error tensors (E2, E3) as a forecaster's dp_errors gives them."""
+    e2, e3 = errors
     return dp_mask_forecast(e2, e3, w, k) if e3 is not None else dp_mask(e2, w, k)
 
 
+def bound_on(errors: tuple, w: np.ndarray, mask) -> float:
+    """The DP's objective for any mask over error tensors (E2, E3): what dp_on minimizes."""
+    e2, e3 = errors
+    return forecast_mask_cost(e2, e3, w, mask) if e3 is not None else mask_cost(e2, w, mask)
+
+
+def forecast_dp(profile: Profile, w: np.ndarray, k: int, forecast="reuse",
+                error_model: str = error_models.DEFAULT) -> tuple[list, float]:
+    """The exact DP's K-mask and bound for masks applied with `forecast`, over its error tensors under
+    `error_model` (error_models.py)."""
+    return dp_on(error_models.errors(profile, forecasters.get(forecast), error_model), w, k)
+
+
 def instant_policy(profile: Profile, k: int, method: str = "theory", s: Optional[Sequence[float]] = None,
-                   forecast="reuse") -> Policy:
+                   forecast="reuse", error_model: str = error_models.DEFAULT) -> Policy:
     """The K-step mask the DP picks for this profile under `method`'s weights and the forecaster `forecast`'s
-    errors, as a Policy applied with that forecaster (and its parameters fitted to the mask)."""
+    errors (under `error_model`), as a Policy applied with that forecaster (and its parameters fitted to the mask)."""
     fc = forecasters.get(forecast)
     w = propagation_weights(profile, method, s)
-    mask, bound = forecast_dp(profile, w, k, fc.name)
-    prov = {"k": k, "instant": method, "bound": bound, "profile_samples": int(profile.count)}
+    mask, bound = forecast_dp(profile, w, k, fc.name, error_model)
+    prov = {"k": k, "instant": method, "bound": bound, "profile_samples": int(profile.count),
+            "error_model": error_model}
     if fc.name != "reuse":
         prov["mask_dp"] = f"{fc.name} forecast DP" + (" (the linear one: no exact DP for it)" if fc.name == "quadratic"
                                                       else "")
     if s is not None and method == "bernstein":
         prov["s"] = [float(v) for v in s]
-    return Policy(mask=list(mask), times=[float(t) for t in profile.times], sigmas=[float(v) for v in profile.sigmas],
-                  method=instant_name(method, fc.name), provenance=prov, forecast=fc.name,
-                  forecast_params=fc.fit(profile, mask), metrics=profile.io.metrics(len(mask), int(sum(mask))))
+    return Policy.for_mask(profile, mask, fc.name, method=instant_name(method, fc.name, error_model), provenance=prov,
+                           metrics=profile.io.metrics(len(mask), int(sum(mask))))
 
 
-def instant_name(method: str, forecast: str) -> str:
-    """theory_dp, local_dp_linear, …: the instant policy's method name in Policy files and search histories."""
-    return f"{method}_dp" + ("" if forecast == "reuse" else f"_{forecast}")
+def instant_name(method: str, forecast: str, error_model: str = error_models.DEFAULT) -> str:
+    """theory_dp, local_dp_linear, theory_dp_fitted_rms, …: the instant policy's method name in Policy files and
+    search histories (the default error model adds nothing to it)."""
+    return f"{method}_dp" + ("" if forecast == "reuse" else f"_{forecast}") + error_models.suffix(error_model)
 
 
 # ------------------------------------------------------------------------------------------ choosing a forecaster

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Sequence
 
 from ..core.profile import Profile
-from .bilevel import Executor, SearchConfig, SearchResult, run_batch_search
+from .bilevel import Executor, SearchResult, run_batch_search
+from .config import SearchConfig
 
 
 class ThreadExecutor:

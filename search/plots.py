@@ -1,6 +1,6 @@
 """Pictures a person can look at (Pillow only, no matplotlib): the search and the profile.
 
-plot_search:  loss per iteration (instant / grid / GP / reused / final, running best), the learned w(t), the mask
+plot_search:  loss per iteration (start masks / grid / GP / polish / reused / final, running best), the learned w(t), the mask
               timeline (the chosen mask, and which method it came from).
 plot_policy:  an instant policy: its propagation weights w_j per step and the mask timeline.
 plot_profile: the E heatmap (log scale) and the local indicators ‖δ‖, rel-L1 of δ, rel-L1 of h per step.
@@ -14,11 +14,13 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from ..core.weights import bernstein_w
+from .choice import choose
+from .state import SearchState
 
 W, PANEL_H, PAD = 720, 220, 48
 BG, FG, GRID = (255, 255, 255), (30, 30, 30), (225, 225, 225)
 COLORS = {"instant": (148, 103, 189), "grid": (150, 150, 150), "gp": (31, 119, 180), "reused": (174, 199, 232), "best": (214, 39, 40),
-          "final": (44, 160, 44), "a": (31, 119, 180), "b": (255, 127, 14), "c": (44, 160, 44)}
+          "final": (44, 160, 44), "polish": (255, 127, 14), "a": (31, 119, 180), "b": (255, 127, 14), "c": (44, 160, 44)}
 
 
 class _Panel:
@@ -99,10 +101,9 @@ def plot_search(result_or_state, times: Optional[Sequence[float]] = None) -> Ima
         p.dot(h["i"], f(h["loss"]), COLORS["reused" if h.get("reused") else h["kind"]], hollow=h.get("reused", False))
     if fin:
         p.dot(len(hist), f(fin["loss"]), COLORS["final"], r=5)
-    p.legend([("instant masks", COLORS["instant"]), ("start grid", COLORS["grid"]), ("GP-LCB", COLORS["gp"]),
-              ("reused mask", COLORS["reused"]), ("best so far", COLORS["best"]), ("argmin mu", COLORS["final"])])
-    winner = (fin if fin and fin["loss"] < min(h["loss"] for h in hist) else min(hist, key=lambda h: (h["loss"], h["i"]))) \
-        if hist else None
+    p.legend([("start masks", COLORS["instant"]), ("start grid", COLORS["grid"]), ("GP-LCB", COLORS["gp"]),
+              ("polish", COLORS["polish"]), ("reused mask", COLORS["reused"]), ("best so far", COLORS["best"]), ("argmin mu", COLORS["final"])])
+    winner = choose(SearchState(state, None))[0]  # the mask the search returns (or would return now)
     if winner is not None:  # the chosen mask: a ring around its point
         x = len(hist) if winner is fin else winner["i"]
         p.dot(x, f(winner["loss"]), COLORS["best"], r=8, hollow=True)

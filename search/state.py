@@ -1,13 +1,16 @@
 """The search's state file: every evaluation so far, enough to resume after a crash or an interrupt.
 
-One JSON object, written atomically after every change (format "gcache.search_state", version 2):
+One JSON object, written atomically after every change (format "gcache.search_state", version 3):
 
-    fingerprint  the search id: a hash of the config (less the budget), the profile and the provenance
-    config, profile, provenance       what the id was made of (to say in words what differs)
-    history      one entry per proposal, in the order its result came back: i, kind (instant | grid | gp), s,
-                 mask, loss, reused, seconds, bound, kappa, gp_seconds (+ method for instant masks)
+    fingerprint  the search id: a hash of the config (less the budget), the profile, the provenance and the names of
+                 the start masks (what the search proposes depends on all of them)
+    config, profile, provenance, starts    what the id was made of (to say in words what differs)
+    history      one entry per proposal, in the order its result came back: i, kind (instant | grid | gp | polish),
+                 s, mask, loss, reused, seconds, bound, kappa, gp_seconds (+ method for start masks; parent and
+                 accepted for polish moves)
     masks        each distinct mask's loss (and per-seed losses): a mask is evaluated once
     gp           {"theta": the last fit's log-hyperparameters}, the next fit's warm start
+    polish       the polish stage's climb: incumbent, roots, guard (polish.py)
     final, done  the argmin-μ mask measured at the end
     pending      proposals dispatched and not back yet; a resumed search dispatches them again
 
@@ -30,11 +33,11 @@ from ..core.files import atomic_write_text
 from ..core.profile import Profile
 
 if TYPE_CHECKING:
-    from .bilevel import SearchConfig
+    from .config import SearchConfig
 
 STATE_FORMAT = "gcache.search_state"
-STATE_VERSION = 2  # 2: instant masks first (history entries without s); version-1 states are refused
-KINDS = ("instant", "grid", "gp")
+STATE_VERSION = 3  # 3: start masks of several error models, polish moves; 2: instant masks first; older: refused
+KINDS = ("instant", "grid", "gp", "polish")
 
 
 def profile_identity(profile: Profile) -> dict:
@@ -44,9 +47,9 @@ def profile_identity(profile: Profile) -> dict:
     return {"n_steps": int(profile.n_steps), "sha256": h.hexdigest()[:16], "count": int(profile.count)}
 
 
-def search_id(config: "SearchConfig", prof_id: dict, provenance: dict) -> str:
+def search_id(config: "SearchConfig", prof_id: dict, provenance: dict, starts: list) -> str:
     """What makes two runs the same search (a larger budget continues it): stored as the state's 'fingerprint'."""
-    blob = json.dumps({"config": config.identity(), "profile": prof_id, "provenance": provenance},
+    blob = json.dumps({"config": config.identity(), "profile": prof_id, "provenance": provenance, "starts": starts},
                       sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -85,25 +88,35 @@ def _check(state: dict) -> None:
     def mask_ok(m) -> bool:
         return isinstance(m, str) and len(m) == n and not set(m) - {"0", "1"} and m[0] == "1"
 
-    def s_ok(e: dict) -> bool:  # instant masks have no s; every other proposal has one of the search's dimension
-        return (e.get("kind") == "instant" and e["s"] is None and isinstance(e.get("method"), str)) or (
-            isinstance(e["s"], list) and len(e["s"]) == dim and all(number(v) for v in e["s"]))
+    def s_ok(e: dict) -> bool:  # start masks and polish moves have no s; GP proposals one of the search's dimension
+        if e.get("kind") == "instant":
+            return e["s"] is None and isinstance(e.get("method"), str)
+        if e.get("kind") == "polish":
+            return e["s"] is None and mask_ok(e.get("parent"))
+        return isinstance(e["s"], list) and len(e["s"]) == dim and all(number(v) for v in e["s"])
 
     if not isinstance(state["history"], list) or not isinstance(state["masks"], dict):
         raise ValueError("bad history or masks")
     for j, h in enumerate(state["history"]):
-        if not (isinstance(h, dict) and h.get("i") == j and s_ok(h) and mask_ok(h["mask"]) and number(h["loss"])):
+        if not (isinstance(h, dict) and h.get("i") == j and h.get("kind") in KINDS and s_ok(h) and mask_ok(h["mask"])
+                and number(h["loss"])):
             raise ValueError(f"bad history entry {j}")
     for key, m in state["masks"].items():
         if not (mask_ok(key) and isinstance(m, dict) and number(m["loss"])):
             raise ValueError("bad mask entry")
-    # written by the batch search only: a sequential state of earlier GCache versions has none
-    pending = state.get("pending", [])
+    pending = state["pending"]
     if not isinstance(pending, list):
         raise ValueError("bad pending list")
     for j, p in enumerate(pending):
         if not (isinstance(p, dict) and p.get("kind") in KINDS and s_ok(p) and mask_ok(p["mask"])):
             raise ValueError(f"bad pending entry {j}")
+    pol = state["polish"]
+    if not (isinstance(pol, dict) and (pol["incumbent"] is None or mask_ok(pol["incumbent"]))
+            and isinstance(pol["roots"], list) and all(mask_ok(r) for r in pol["roots"])
+            and pol["guard"] in (None, "halves", "mean")):
+        raise ValueError("bad polish entry")
+    if not (isinstance(state["starts"], list) and all(isinstance(v, str) for v in state["starts"])):
+        raise ValueError("bad start mask names")
     theta = state["gp"]["theta"]
     if theta is not None and not (isinstance(theta, list) and len(theta) == dim + 2 and all(number(v) for v in theta)):
         raise ValueError("bad GP hyperparameters")
@@ -118,8 +131,8 @@ def _check(state: dict) -> None:
 def _config_differences(state: dict, config: "SearchConfig", provenance: dict) -> list[str]:
     """What differs, in words, between a state file's search and this one in config and provenance (the profile
     aside). Forecasters compare by name: a state file may hold an order (0/1/2), the config a name."""
-    old_cfg, new_cfg = dict(state.get("config") or {}), asdict(config)
-    new_cfg.pop("budget")  # a larger budget continues a search
+    old_cfg, new_cfg = dict(state.get("config") or {}), config.identity()
+    old_cfg.pop("budget", None)  # a larger budget continues a search
     for cfg in (old_cfg, new_cfg):
         if "forecast" in cfg:
             cfg["forecast"] = _forecaster_name(cfg["forecast"])
@@ -139,7 +152,7 @@ def _forecaster_name(value: Any) -> Any:
         return value  # not a forecaster: shown as the file has it
 
 
-def _differences(state: dict, config: "SearchConfig", prof_id: dict, provenance: dict) -> str:
+def _differences(state: dict, config: "SearchConfig", prof_id: dict, provenance: dict, starts: list) -> str:
     """What differs between a state file's search and this one, in words."""
     diffs = _config_differences(state, config, provenance)
     old_prof = state.get("profile") or {}
@@ -147,6 +160,8 @@ def _differences(state: dict, config: "SearchConfig", prof_id: dict, provenance:
         diffs.append(f"profile steps N: file {old_prof.get('n_steps')}, now {prof_id['n_steps']}")
     elif old_prof.get("sha256") != prof_id["sha256"]:
         diffs.append(f"profile: file {old_prof.get('sha256')}, now {prof_id['sha256']} (another profile of the same N)")
+    if state.get("starts") != starts:
+        diffs.append(f"start masks: file {state.get('starts')}, now {starts}")
     return "; ".join(diffs) or "its search id differs"
 
 
@@ -187,20 +202,21 @@ class SearchState:
         self.data, self.path = data, path
 
     @classmethod
-    def open(cls, path: Optional[str], config: "SearchConfig", profile: Profile, provenance: dict) -> "SearchState":
+    def open(cls, path: Optional[str], config: "SearchConfig", profile: Profile, provenance: dict,
+             starts: list) -> "SearchState":
         """The state in `path` when it belongs to this search (a larger budget continues it), else a new one.
-        A state file of another search is refused and left untouched."""
+        `starts`: the names of the start masks. A state file of another search is refused and left untouched."""
         prof_id = profile_identity(profile)
-        sid = search_id(config, prof_id, provenance)
+        sid = search_id(config, prof_id, provenance, starts)
         if not (path and os.path.exists(path)):
             return cls({"format": STATE_FORMAT, "version": STATE_VERSION, "fingerprint": sid, "config": asdict(config),
-                        "profile": prof_id, "provenance": provenance, "history": [], "masks": {},
-                        "gp": {"theta": None}, "final": None, "done": False, "pending": []}, path)
+                        "profile": prof_id, "provenance": provenance, "starts": list(starts), "history": [],
+                        "masks": {}, "gp": {"theta": None}, "polish": {"incumbent": None, "roots": [], "guard": None},
+                        "final": None, "done": False, "pending": []}, path)
         data = load_state(path)
         if data["fingerprint"] != sid:  # the search id
-            raise _another_search(path, _differences(data, config, prof_id, provenance))
+            raise _another_search(path, _differences(data, config, prof_id, provenance, starts))
         data["config"]["budget"] = config.budget
-        data.setdefault("pending", [])
         if len(data["history"]) < config.budget:
             data["done"], data["final"] = False, None  # a larger budget continues the search
         return cls(data, path)
@@ -209,6 +225,18 @@ class SearchState:
     @property
     def history(self) -> list:
         return self.data["history"]
+
+    def best(self, upto: Optional[int] = None, kinds: Optional[tuple] = None, with_final: bool = False
+             ) -> Optional[dict]:
+        """The best history entry: the lowest loss, ties to the earliest (a start mask is kept over a later entry that
+        equals it). `upto`: among the first entries only; `kinds`: of these kinds only; `with_final`: the argmin-μ
+        entry measured at the end competes too (after every entry on a tie). None when there is none."""
+        hist = self.history[:upto] if upto is not None else self.history
+        pool = [h for h in hist if kinds is None or h["kind"] in kinds]
+        fin = self.data.get("final")
+        if with_final and fin is not None and (kinds is None or "final" in kinds):
+            pool.append(fin)
+        return min(pool, key=lambda h: (h["loss"], h.get("i", math.inf)), default=None)
 
     @property
     def masks(self) -> dict:
@@ -259,8 +287,9 @@ class SearchState:
         entry = {"i": len(self.history), "kind": proposal["kind"], "s": proposal["s"], "mask": proposal["mask"],
                  "loss": self.masks[proposal["mask"]]["loss"], "reused": reused, "seconds": round(seconds, 4),
                  "bound": proposal.get("bound"), "kappa": proposal.get("kappa"), "gp_seconds": proposal.get("gp_seconds")}
-        if proposal.get("method"):
-            entry["method"] = proposal["method"]
+        for key in ("method", "parent"):
+            if proposal.get(key):
+                entry[key] = proposal[key]
         self.history.append(entry)
         return entry
 

@@ -133,3 +133,23 @@ def test_saved_files_get_normal_permissions(tmp_path):
     os.chmod(path, 0o640)
     make().save(str(path))
     assert path.stat().st_mode & 0o777 == 0o640
+
+
+def test_for_mask_is_the_policy_of_a_profile_a_mask_and_a_forecaster():
+    import torch
+    from gcache.core import forecasters
+    from gcache.core.profile import ProfileRecorder
+    n = 6
+    g = torch.Generator().manual_seed(0)
+    rec = ProfileRecorder([1 - j / n for j in range(n)], [2 * (1 - j / n) for j in range(n)], forecast=True)
+    for j in range(n):
+        rec.record(j, "all", torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g) + j)
+    prof = rec.finish()
+    mask = [1, 1, 0, 1, 0, 0]
+    pol = Policy.for_mask(prof, mask, "fitted", method="m", metrics={"loss": 1.0})
+    assert pol.mask == mask and pol.times == [1 - j / n for j in range(n)] and pol.sigmas == [2 * t for t in pol.times]
+    alpha = prof.fit_stats().alpha()
+    assert pol.forecast == "fitted" and pol.forecast_params == forecasters.get("fitted").fit(prof, mask)
+    assert pol.forecast_params["alpha"]["4"] == [1, 3, round(float(alpha[1, 3, 4]), 6)]  # the last two computed steps
+    assert pol.method == "m" and pol.metrics == {"loss": 1.0}
+    assert Policy.for_mask(prof, mask).forecast == "reuse" and Policy.for_mask(prof, mask).forecast_params == {}

@@ -7,7 +7,8 @@ import pytest
 from gcache.core.errors import GCacheError
 from gcache.core.profile import Profile
 from gcache.core.weights import bernstein_w
-from gcache.search.bilevel import SearchConfig, SearchInterrupted, mask_key, run_search
+from gcache.search.bilevel import SearchInterrupted, mask_key, run_search
+from gcache.search.config import SearchConfig
 from gcache.search.state import check_state, load_state
 from gcache.search.dp import mask_cost
 
@@ -40,7 +41,7 @@ class Evaluator:
         return mask_cost(self.E, bernstein_w(self.t, [1.0, 6.0, 2.0]), mask) / 100.0
 
 
-CFG = dict(k=5, degree=2, budget=16, seed=1, objective="ssim", n_candidates=256, n_polish=2)
+CFG = dict(k=5, degree=2, budget=16, seed=1, objective="ssim", n_candidates=256, acq_polish=2)
 
 
 def test_search_dedups_masks_and_returns_a_policy(tmp_path):
@@ -172,18 +173,21 @@ def test_another_search_is_named_by_what_differs_only(tmp_path):
         check_state(path, SearchConfig(**CFG), {})
 
 
-def test_a_state_file_of_an_earlier_version_without_pending_resumes(tmp_path):
-    """Version-2 files of the sequential search had no 'pending' list: they resume as if nothing was out."""
+def test_a_state_file_of_the_previous_version_is_refused_with_what_to_do(tmp_path):
+    """Version-2 files had three start masks and no polish: resuming one would propose other masks than it recorded."""
     prof, path, _ = _partial_state(tmp_path)
     with open(path) as f:
         state = json.load(f)
-    state.pop("pending")
+    state["version"] = 2
+    for key in ("polish", "starts"):
+        state.pop(key)
     with open(path, "w") as f:
         json.dump(state, f)
-    ev = Evaluator(prof)
-    res = run_search(prof, SearchConfig(**CFG), ev, state_path=path)
-    assert res.history[:len(state["history"])] == state["history"] and not set(ev.calls) & set(state["masks"])
-    assert res.policy.mask == run_search(prof, SearchConfig(**CFG), Evaluator(prof)).policy.mask
+    with open(path, "rb") as f:
+        before = f.read()
+    with pytest.raises(GCacheError, match="version 2; this GCache reads 3. Delete it to search again"):
+        run_search(prof, SearchConfig(**CFG), Evaluator(prof), state_path=path)
+    assert _unchanged(path, before)
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), None, "x"])
@@ -248,6 +252,10 @@ def test_larger_budget_continues_a_finished_search(tmp_path):
     lambda st: st.__setitem__("pending", [{"kind": "gp", "s": [1.0], "mask": st["history"][0]["mask"]}]),
     lambda st: st.__setitem__("pending", [{"kind": "grid", "s": [1.0, 2.0, 3.0], "mask": "1"}]),
     lambda st: st.__setitem__("pending", [{"kind": "magic", "s": [1.0, 2.0, 3.0], "mask": st["history"][0]["mask"]}]),
+    lambda st: st.__setitem__("pending", [{"kind": "polish", "s": None, "mask": st["history"][0]["mask"]}]),  # no parent
+    lambda st: st["polish"].__setitem__("guard", "magic"),
+    lambda st: st["polish"].__setitem__("incumbent", "01"),
+    lambda st: st.pop("starts"),
 ])
 def test_hand_edited_state_is_refused_and_kept(tmp_path, edit):
     """The search id still matches, so only the content check stands between a bad edit and a crash."""
@@ -265,7 +273,7 @@ def test_hand_edited_state_is_refused_and_kept(tmp_path, edit):
 
 
 def test_instant_masks_come_first_and_the_search_never_returns_worse(caplog):
-    from gcache.search.bilevel import instant_masks
+    from gcache.search.starts import instant_masks
     prof = make_profile()
     first = dict(instant_masks(prof, CFG["k"]))
     theory = mask_key(first["theory_dp"])
@@ -280,14 +288,15 @@ def test_instant_masks_come_first_and_the_search_never_returns_worse(caplog):
     assert res.policy.metrics["loss_minus_instant"] == {"mean": 0.0, "se": 0.0, "seeds": 2}
     assert res.state["masks"][theory]["per_seed"] == [0.001, 0.002]
     text = caplog.text
-    assert "N = 14, K = 5, budget 16 (3 instant masks, 8 start grid, 5 GP), 2 seeds, objective ssim; starting" in text
+    assert "N = 14, K = 5, budget 16 (3 start masks, 8 start grid, 3 GP, 2 polish), 2 seeds, objective ssim; " \
+        "starting" in text
     assert text.count("best loss so far") >= 8 and "won by theory_dp" in text
 
 
 def test_a_better_searched_mask_wins_with_its_paired_difference():
     """Two seeds with losses v and 1.1 v: a mask better by Δ < 0 has paired differences Δ, 1.1 Δ, so mean 1.05 Δ and
     standard error 0.05 |Δ| (a gain of 21 s.e.: beyond the noise check)."""
-    from gcache.search.bilevel import instant_masks
+    from gcache.search.starts import instant_masks
     prof = make_profile()
     ev = Evaluator(prof)
     res = run_search(prof, SearchConfig(**CFG), lambda mask: [ev(mask), ev(mask) * 1.1])
@@ -315,7 +324,7 @@ def test_the_search_proposes_and_chooses_what_it_did_before_its_loops_were_merge
     def bumpy(mask):  # the DP's cost under a hidden s*, made bumpy so that the GP has something to find
         base = mask_cost(prof.E, bernstein_w(prof.times, [1.0, 6.0, 2.0]), mask) / 100.0
         return base * (1 + 0.5 * math.sin(sum((i + 1) ** 2 * m for i, m in enumerate(mask))))
-    res = run_search(prof, SearchConfig(**dict(CFG, budget=24)), bumpy)
+    res = run_search(prof, SearchConfig(**dict(CFG, budget=24, polish_share=0.0)), bumpy)  # the GP-only search
     assert [h["mask"] for h in res.history] == RECORDED_MASKS
     assert "".join("r" if h["reused"] else "." for h in res.history) == RECORDED_REUSED
     assert [h["kind"] for h in res.history] == ["instant"] * 3 + ["grid"] * 8 + ["gp"] * 13
@@ -338,7 +347,7 @@ def test_an_unchecked_searched_winner_is_logged(caplog, per_seed, says):
 
 
 def test_an_instant_winner_is_not_called_unchecked(caplog):
-    from gcache.search.bilevel import instant_masks
+    from gcache.search.starts import instant_masks
     prof = make_profile()
     theory = mask_key(dict(instant_masks(prof, CFG["k"]))["theory_dp"])
     with caplog.at_level("INFO", logger="gcache"):
@@ -365,7 +374,7 @@ def test_resumed_search_says_so(tmp_path, caplog):
 
 @pytest.mark.parametrize("spread,kept", [(0.055, True), (0.0, False)])
 def test_a_searched_gain_within_seed_noise_keeps_the_instant_mask(spread, kept):
-    from gcache.search.bilevel import instant_masks
+    from gcache.search.starts import instant_masks
     prof = make_profile()
     inst = {mask_key(m) for _, m in instant_masks(prof, CFG["k"])}
 
@@ -376,3 +385,15 @@ def test_a_searched_gain_within_seed_noise_keeps_the_instant_mask(spread, kept):
     res = run_search(prof, SearchConfig(**CFG), evaluate)
     assert (mask_key(res.policy.mask) in inst) == kept
     assert (res.policy.provenance["chosen"] == "instant_within_noise") == kept
+
+
+def test_the_best_entry_is_the_lowest_loss_and_the_earliest_on_a_tie():
+    from gcache.search.state import SearchState
+    hist = [{"i": 0, "kind": "instant", "loss": 0.3, "mask": "a"}, {"i": 1, "kind": "grid", "loss": 0.2, "mask": "b"},
+            {"i": 2, "kind": "gp", "loss": 0.2, "mask": "c"}, {"i": 3, "kind": "instant", "loss": 0.25, "mask": "d"}]
+    st = SearchState({"history": hist, "final": {"mask": "e", "loss": 0.2}}, None)
+    assert st.best()["mask"] == "b" and st.best(upto=1)["mask"] == "a"
+    assert st.best(kinds=("instant",))["mask"] == "d" and st.best(kinds=("polish",)) is None
+    assert st.best(with_final=True)["mask"] == "b"  # the final entry loses a tie to every history entry
+    st.data["final"]["loss"] = 0.1
+    assert st.best(with_final=True)["mask"] == "e" and st.best()["mask"] == "b"

@@ -6,7 +6,7 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="Ray is the optional 'cluster' extra: pip install -e '.[test,cluster]'")
 
-from gcache.search.bilevel import SearchConfig  # noqa: E402
+from gcache.search.config import SearchConfig  # noqa: E402
 from gcache.reference_model.cluster import ReferenceWorker  # noqa: E402
 from gcache.search.ray_executor import RayExecutor  # noqa: E402
 from gcache.search.parallel import run_search_parallel  # noqa: E402

@@ -26,17 +26,27 @@ def test_search_command_writes_policy_state_and_png(tmp_path, tiny_model, capsys
 
 def test_quality_bench_runs(tiny_model, capsys):
     from gcache.bench.quality import METHODS, main
-    out = main(["--steps", "6", "--budget", "14", "--degree", "2", "--search-seeds", "100-101", "--eval-seeds", "0-1",
-                "--objective", "psnr"], harness_factory=lambda n: ReferenceHarness(n, model=tiny_model))
+    out = main(["--steps", "6", "--budget", "16", "--degree", "2", "--search-seeds", "100-101", "--eval-seeds", "0-1",
+                "--objective", "psnr", "--gp-seeds", "0-1"], harness_factory=lambda n: ReferenceHarness(n, model=tiny_model))
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert json.loads(last) == json.loads(json.dumps(out))
     assert {r["method"] for r in out["rows"]} == set(METHODS) and {r["K"] for r in out["rows"]} == {2, 3, 4}
     for key in ("gcache_minus_best_baseline_psnr_at_half", "evaluations", "gp_seconds_per_iter_at_end"):
         assert key in out
-    assert set(out["search_minus_best_other_psnr"]) == {"2", "3", "4"}
+    assert set(out["search_minus_best_other_psnr"]) == set(out["polish_gain_db"]) == {"2", "3", "4"}
+    assert {r["method"] for r in out["rows"] if r["method"].startswith(("spectrum_", "l2p_"))} == \
+        {f"{r}_{m}" for r in ("spectrum", "spectrum_mix", "l2p") for m in ("uniform", "gcache_mask")}
     at = {(r["K"], r["method"]): r["psnr"] for r in out["rows"]}
     for k in ("2", "3", "4"):  # the forecast keys are the differences of the rows they name
         fit = at[(int(k), "instant_fitted")] - at[(int(k), "instant_linear")]
         inst = at[(int(k), "instant_auto")] - at[(int(k), "instant_1batch")]
         assert abs(out["fitted_minus_linear_db"][k] - fit) < 2e-3 and abs(out["instant_forecast_minus_reuse_db"][k] - inst) < 2e-3
         assert out["auto_forecaster"][k] in ("reuse", "linear", "fitted")
+        runs = out["polish_runs"][k]  # the polish gain is the median of the paired per-GP-seed differences
+        assert set(runs) == {"0", "1"} and abs(out["polish_gain_db"][k] - sorted(
+            r["polish"]["psnr"] - r["nopolish"]["psnr"] for r in runs.values())[0] / 2 -
+            sorted(r["polish"]["psnr"] - r["nopolish"]["psnr"] for r in runs.values())[1] / 2) < 2e-3
+        others = {m: p for (kk, m), p in at.items() if kk == int(k) and m not in ("gcache", "gcache_forecast",
+                                                                                  "gcache_forecast_nopolish")}
+        assert abs(out["forecast_search_minus_best_other_psnr"][k]["margin_db"]
+                   - (at[(int(k), "gcache_forecast")] - max(others.values()))) < 2e-3

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from gcache.core.errors import GCacheError
-from gcache.search.bilevel import InProcessExecutor, SearchConfig, run_search
+from gcache.search.bilevel import InProcessExecutor, run_search
+from gcache.search.config import SearchConfig
 from gcache.search.parallel import ThreadExecutor, run_search_parallel
 from test_search_bilevel import CFG, Evaluator, make_profile
 

@@ -17,7 +17,8 @@ from ...core import forecasters
 from ...core.errors import GCacheError
 from ...core.policy import Policy, predicted_speedup
 from ...core.profile import Profile
-from ...search.bilevel import SearchConfig, SearchInterrupted, SearchResult, run_search
+from ...search.bilevel import SearchInterrupted, SearchResult, run_search
+from ...search.config import SearchConfig
 from ...search.objectives import make_objective
 from ...search.state import check_state, load_state
 from .. import artifacts
@@ -141,9 +142,7 @@ class SearchJob:
         fc = forecasters.get(self.config.forecast)
 
         def evaluate(mask):
-            pol = Policy(list(mask), times=[float(t) for t in profile.times],
-                         sigmas=[float(s) for s in profile.sigmas], method="search-candidate", forecast=fc.name,
-                         forecast_params=fc.fit(profile, list(mask)))
+            pol = Policy.for_mask(profile, mask, fc.name, method="search-candidate")
             m = hooks.patch_model(self.model, apply_config(self.model, pol, on_mismatch="error"))
             return [loss_fn(self.run(m, s), r) for s, r in zip(self.seeds, refs)]  # per seed: paired comparisons
 
@@ -180,8 +179,11 @@ class SearchJob:
         return self.sampler_name in getattr(comfy.samplers.KSampler, "DISCARD_PENULTIMATE_SIGMA_SAMPLERS", ())
 
     def best_so_far(self, profile: Profile) -> Policy:
-        """The best mask the search has measured, else the instant policy of its forecaster."""
+        """The mask the search would return now (search/choice.py: never worse on its loss than its best start mask,
+        a searched one only when its gain is believable), else the instant policy of its forecaster."""
+        from ...search.choice import choose
         from ...search.instant import instant_policy
+        from ...search.state import SearchState
         fc = forecasters.get(self.config.forecast)
         state = _peek(self.state_path)
         hist = (state or {}).get("history") or []
@@ -189,12 +191,10 @@ class SearchJob:
             pol = instant_policy(profile, self.config.k, "theory", forecast=fc.name)
             pol.provenance["search"] = "no evaluation yet: the instant policy"
             return pol
-        best = min(hist, key=lambda h: (h["loss"], h["i"]))
-        mask = [int(c) for c in best["mask"]]
-        return Policy(mask, times=[float(t) for t in profile.times], sigmas=[float(s) for s in profile.sigmas],
-                      method="gcache (in progress)", forecast=fc.name, forecast_params=fc.fit(profile, mask),
-                      provenance={"search": f"best of {len(hist)} of {self.config.budget} evaluations so far"},
-                      metrics={"loss": best["loss"], "objective": self.config.objective})
+        chosen, how, _ = choose(SearchState(state, None))
+        return Policy.for_mask(profile, [int(c) for c in chosen["mask"]], fc.name, method="gcache (in progress)",
+                               provenance={"search": f"{how} of {len(hist)} of {self.config.budget} evaluations so far"},
+                               metrics={"loss": chosen["loss"], "objective": self.config.objective})
 
 
 def _auto_takes(policy: Policy) -> str:

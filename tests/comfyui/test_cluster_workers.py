@@ -12,7 +12,7 @@ if not COMFY:
 from comfy_server import _get, _post, comfy_server  # noqa: E402
 
 from gcache.core.profile import Profile  # noqa: E402
-from gcache.search.bilevel import SearchConfig  # noqa: E402
+from gcache.search.config import SearchConfig  # noqa: E402
 from gcache.search.comfyui_worker import ComfyUIWorker  # noqa: E402
 from gcache.search.parallel import run_search_parallel  # noqa: E402
 

@@ -445,6 +445,11 @@ def test_profile_node_records_forecast_errors_for_a_forecast_policy(built, gcach
     assert prof.E1.shape == (N, N, N) and prof.E1[0, 1, 2] > 0
     pol = GCachePolicy.execute(prof, "K", 2.0, 3, "theory", "", "", "linear (1)").result[0]
     assert pol.forecast == "linear" and pol.mask == instant_policy(prof, 3, "theory", forecast="linear").mask
+    rms = GCachePolicy.execute(prof, "K", 2.0, 3, "theory", "", "", "fitted (profile)", "rms").result[0]
+    assert rms.method == "theory_dp_fitted_rms" and rms.provenance["error_model"] == "rms"
+    assert rms.mask == instant_policy(prof, 3, "theory", forecast="fitted", error_model="rms").mask
+    with pytest.raises(GCacheError, match="error_model must be one of"):
+        GCachePolicy.execute(prof, "K", 2.0, 3, "theory", "", "", "fitted (profile)", "median")
     with BlockCounter(m, "wan") as c:  # applied with forecasting: still K block runs
         ksample(hooks.patch_model(m, apply_mode.apply_config(m, pol)), pos, neg, lat)
     assert len(c.batches) == 3

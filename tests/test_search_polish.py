@@ -1,0 +1,424 @@
+"""The polish stage (local moves on the true loss), the final choice, and the start masks of several error models."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from itertools import combinations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from gcache.core import forecasters
+from gcache.core.profile import ProfileRecorder
+from gcache.core.weights import analytic_w
+from gcache.search.bilevel import InProcessExecutor, mask_key, run_search
+from gcache.search.choice import choose
+from gcache.search.config import SearchConfig
+from gcache.search.instant import instant_policy
+from gcache.search.parallel import ThreadExecutor, run_search_parallel
+from gcache.search.polish import halves, improves, moves
+from gcache.search.starts import start_count, start_masks
+from gcache.search.state import SearchState, load_state
+from test_search_bilevel import CFG, Evaluator, make_profile
+
+POLISHED = dict(CFG, budget=24)  # 3 start masks, 8 grid points, 7 GP proposals, 6 polish moves
+
+
+def seeded(prof, crash_at=None):
+    """Per-seed losses of two seeds (the hidden bound, and 1.1 times it): the halves guard has two halves."""
+    ev = Evaluator(prof, crash_at=crash_at)
+
+    def evaluate(mask):
+        v = ev(mask)
+        return [v, 1.1 * v]
+    evaluate.calls = ev.calls
+    return evaluate
+
+
+# ------------------------------------------------------------------------------------------------ moves and guard
+def test_moves_keep_k_and_step_0_and_come_nearest_first():
+    key = "110010010100"
+    out = moves(key, seed=3)
+    comp = [i for i, c in enumerate(key) if c == "1" and i > 0]
+    skip = [i for i, c in enumerate(key) if c == "0"]
+    assert len(out) == len(set(out)) == len(comp) * len(skip)  # every swap of a computed (not 0) and a skipped step
+    dist = []
+    for m in out:
+        assert len(m) == len(key) and m.count("1") == key.count("1") and m[0] == "1"
+        diff = [i for i in range(len(key)) if m[i] != key[i]]
+        assert len(diff) == 2 and {key[i] for i in diff} == {"0", "1"}
+        dist.append(diff[1] - diff[0])
+    rings = [min(d, 3) for d in dist]
+    assert rings == sorted(rings) and rings[0] == 1  # ±1 moves first, then ±2, then the rest
+    assert moves(key, seed=3) == out and moves(key, seed=4) != out  # seeded order within a ring
+    score = lambda m: -sum(i * int(c) for i, c in enumerate(m))  # noqa: E731  (later steps first)
+    ranked = moves(key, seed=3, score=score)
+    assert sorted(ranked) == sorted(out)
+    by_ring = [(min(_distance(m, key), 3), score(m)) for m in ranked]
+    assert by_ring == sorted(by_ring)  # within a ring, the lowest score first
+
+
+def test_halves_split_the_seeds_in_two():
+    for n in (2, 3, 16):
+        a, b = halves(n, seed=5)
+        assert sorted(a + b) == list(range(n)) and len(a) == n // 2 and halves(n, seed=5) == (a, b)
+
+
+def test_a_move_is_accepted_only_when_both_halves_improve():
+    split = ([0, 1], [2, 3])
+    old = {"loss": 1.0, "per_seed": [1.0, 1.0, 1.0, 1.0]}
+    one_half = {"loss": 0.9, "per_seed": [0.5, 0.7, 1.1, 1.3]}   # the mean falls, half B rises
+    both = {"loss": 0.95, "per_seed": [0.9, 1.0, 0.9, 1.0]}
+    assert not improves(one_half, old, split) and improves(one_half, old, None)  # without halves: the mean
+    assert improves(both, old, split)
+    assert improves({"loss": 0.5}, {"loss": 0.6}, split)  # no per-seed losses: the mean loss decides
+
+
+# ------------------------------------------------------------------------------------------------ the stage
+def test_polish_moves_have_parents_keep_k_and_follow_the_incumbent():
+    prof = make_profile()
+    res = run_search(prof, SearchConfig(**POLISHED), seeded(prof))
+    hist = res.history
+    kinds = [h["kind"] for h in hist]
+    assert kinds == ["instant"] * 3 + ["grid"] * 8 + ["gp"] * 7 + ["polish"] * 6
+    seen = set()
+    inc = None
+    for h in hist:
+        if h["kind"] == "polish":
+            assert h["s"] is None and h["parent"] in seen and h["mask"] in moves(h["parent"], CFG["seed"])
+            assert h["mask"].count("1") == CFG["k"] and h["mask"][0] == "1" and not h["reused"]
+            if inc is None:  # the first climb starts from the best mask measured before it
+                inc = min((e for e in hist if e["i"] < h["i"]), key=lambda e: (e["loss"], e["i"]))["mask"]
+            assert h["parent"] == inc
+            a, b = halves(2, CFG["seed"])
+            new, old = res.state["masks"][h["mask"]]["per_seed"], res.state["masks"][inc]["per_seed"]
+            assert h["accepted"] == (new[a[0]] < old[a[0]] and new[b[0]] < old[b[0]])  # recomputed by hand
+            if h["accepted"]:
+                inc = h["mask"]
+        seen.add(h["mask"])
+    assert res.state["polish"]["guard"] == "halves" and res.state["polish"]["incumbent"] == inc
+    assert res.policy.provenance["polish"]["moves"] == 6
+
+
+@pytest.mark.parametrize("order", ["bound", "seeded"])
+def test_the_first_move_measured_is_the_nearest_with_the_lowest_bound_or_the_seeded_one(order):
+    from gcache.search.dp import mask_cost
+    prof = make_profile()
+    res = run_search(prof, SearchConfig(**dict(POLISHED, polish_order=order)), seeded(prof))
+    first = next(h for h in res.history if h["kind"] == "polish")
+    measured = {h["mask"] for h in res.history[:first["i"]]}
+    ring1 = [m for m in moves(first["parent"], CFG["seed"]) if _distance(m, first["parent"]) == 1 and m not in measured]
+    w = analytic_w(list(prof.times) + [0.0])
+    bound = lambda m: mask_cost(prof.E, w, [int(c) for c in m])  # noqa: E731  (reuse: the DP's objective over E)
+    assert first["mask"] == (min(ring1, key=bound) if order == "bound" else ring1[0])
+
+
+def test_polish_finds_a_better_mask_than_the_gp_alone():
+    """A loss the DP's error model ranks wrongly: the hidden bound, but one mask next to the best the GP phase finds
+    (its last ±1 move) is 3x better. GP-LCB only proposes DP optima of E and never measures it; the climb does."""
+    prof = make_profile()
+    plain = seeded(prof)
+    first = run_search(prof, SearchConfig(**POLISHED), plain)
+    root = first.state["polish"]["roots"][0]
+    ring1 = [m for m in moves(root, CFG["seed"]) if _distance(m, root) == 1]
+    target = ring1[-1]
+
+    def evaluate(mask):
+        v = plain(mask)
+        return [x * (0.3 if mask_key(mask) == target else 1.0) for x in v]
+    gp_only = run_search(prof, SearchConfig(**dict(POLISHED, polish_share=0.0)), evaluate)
+    assert target not in gp_only.state["masks"]
+    polished = run_search(prof, SearchConfig(**POLISHED), evaluate)
+    assert mask_key(polished.policy.mask) == target and polished.policy.provenance["won"] == "gcache polish"
+    assert polished.policy.metrics["loss"] < gp_only.policy.metrics["loss"]
+
+
+def _distance(a: str, b: str) -> int:
+    """How far a move carried its step (masks one swap apart)."""
+    diff = [i for i in range(len(a)) if a[i] != b[i]]
+    return diff[1] - diff[0]
+
+
+@pytest.mark.parametrize("offset", [-1, 0, 2, 5])  # evaluate() calls from the first polish move's (-1: the GP's last)
+def test_killed_in_the_polish_stage_a_search_resumes_to_the_same_end(tmp_path, offset):
+    prof = make_profile()
+    full = run_search(prof, SearchConfig(**POLISHED), seeded(prof))
+    first_move = next(h["i"] for h in full.history if h["kind"] == "polish")
+    crash_at = len({h["mask"] for h in full.history[:first_move]}) + offset
+    path = str(tmp_path / "s.json")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_search(prof, SearchConfig(**POLISHED), seeded(prof, crash_at=crash_at), state_path=path)
+    resumed = run_search(prof, SearchConfig(**POLISHED), seeded(prof), state_path=path)
+    strip = lambda hist: [{k: v for k, v in h.items() if k not in ("seconds", "gp_seconds")} for h in hist]  # noqa
+    assert strip(resumed.history) == strip(full.history)
+    assert resumed.policy.mask == full.policy.mask and resumed.state["polish"] == full.state["polish"]
+
+
+def test_a_search_killed_with_sigkill_in_the_polish_stage_resumes_to_the_same_end(tmp_path):
+    """A real kill -9 of a search process while it polishes (the state file is all that survives)."""
+    prof = make_profile()
+    full = run_search(prof, SearchConfig(**POLISHED), seeded(prof))
+    path = tmp_path / "s.json"
+    script = f"""
+import sys, time
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+from gcache.search.bilevel import run_search
+from gcache.search.config import SearchConfig
+from test_search_bilevel import make_profile
+from test_search_polish import POLISHED, seeded
+prof = make_profile()
+ev = seeded(prof)
+def slow(mask):
+    time.sleep(0.3)
+    return ev(mask)
+run_search(prof, SearchConfig(**POLISHED), slow, state_path={str(path)!r})
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script], env=dict(os.environ))
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                hist = json.loads(path.read_text())["history"] if path.exists() else []
+            except json.JSONDecodeError:
+                hist = []
+            if any(h["kind"] == "polish" for h in hist):
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the search never reached its polish stage")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    killed = load_state(str(path))
+    assert not killed["done"] and len(killed["history"]) < POLISHED["budget"]
+    resumed = run_search(prof, SearchConfig(**POLISHED), seeded(prof), state_path=str(path))
+    assert [(h["mask"], h.get("accepted")) for h in resumed.history] == \
+        [(h["mask"], h.get("accepted")) for h in full.history]
+    assert resumed.policy.mask == full.policy.mask
+
+
+def test_two_in_flight_polish_spends_the_budget_once_per_mask_and_resumes(tmp_path):
+    prof = make_profile()
+    calls = []
+
+    def evaluate(mask):
+        calls.append(mask_key(mask))
+        return seeded(prof)(mask)
+    par = run_search_parallel(prof, SearchConfig(**POLISHED), InProcessExecutor(evaluate), q=2)
+    assert len(par.history) == POLISHED["budget"] and len(calls) == len(set(calls)) == par.evaluations
+    pol = [h for h in par.history if h["kind"] == "polish"]
+    assert len(pol) == 6 and all(h["parent"] in {e["mask"] for e in par.history[:h["i"]]} for h in pol)
+    # killed with two moves out: the resumed batch search dispatches them again and ends where the whole one did
+    path = str(tmp_path / "s.json")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_search_parallel(prof, SearchConfig(**POLISHED), InProcessExecutor(seeded(prof, crash_at=len(calls) - 3)),
+                            q=2, state_path=path)
+    before = load_state(path)
+    assert len(before["pending"]) == 2 and any(p["kind"] == "polish" for p in before["pending"])
+    resumed = run_search_parallel(prof, SearchConfig(**POLISHED), InProcessExecutor(seeded(prof)), q=2,
+                                  state_path=path)
+    assert [h["mask"] for h in resumed.history] == [h["mask"] for h in par.history]
+    assert resumed.policy.mask == par.policy.mask
+
+
+def test_polish_with_thread_workers_measures_each_mask_once():
+    prof = make_profile()
+    ev = seeded(prof)
+    ex = ThreadExecutor(ev, workers=2)
+    try:
+        res = run_search_parallel(prof, SearchConfig(**POLISHED), ex, q=2)
+    finally:
+        ex.close()
+    assert len(res.history) == POLISHED["budget"] and len(ev.calls) == len(set(ev.calls)) == res.evaluations
+    assert sum(h["kind"] == "polish" for h in res.history) == 6
+
+
+def test_without_per_seed_losses_polish_falls_back_to_the_mean_and_says_so(caplog):
+    prof = make_profile()
+    with caplog.at_level("INFO", logger="gcache"):
+        res = run_search(prof, SearchConfig(**POLISHED), Evaluator(prof))
+    assert res.state["polish"]["guard"] == "mean"
+    assert "no per-seed losses for two or more seeds, so a move is kept whenever the loss falls" in caplog.text
+
+
+def test_the_polish_share_and_the_start_masks_are_part_of_the_search_id(tmp_path):
+    from gcache.core.errors import GCacheError
+    prof = make_profile()
+    path = str(tmp_path / "s.json")
+    run_search(prof, SearchConfig(**POLISHED), seeded(prof), state_path=path)
+    with pytest.raises(GCacheError, match="polish_share"):
+        run_search(prof, SearchConfig(**dict(POLISHED, polish_share=0.25)), seeded(prof), state_path=path)
+    with pytest.raises(GCacheError, match="polish_order"):
+        run_search(prof, SearchConfig(**dict(POLISHED, polish_order="seeded")), seeded(prof), state_path=path)
+    with pytest.raises(GCacheError, match="start masks"):
+        run_search(prof, SearchConfig(**POLISHED), seeded(prof), state_path=path,
+                   extra_masks=[("mine", [1, 1, 1, 1, 1] + [0] * 9)])
+
+
+def test_the_budget_splits_into_phases_that_add_up():
+    for budget in range(12, 80):
+        for share in (0.0, 0.25, 0.5, 0.75, 0.99):
+            cfg = SearchConfig(**dict(CFG, budget=budget, polish_share=share))
+            starts, grid, gp, local = cfg.phases(3)
+            assert starts + grid + gp + local == budget and gp >= 1 and local >= 0
+            assert local == min(int(share * (budget - 11)), budget - 12)
+
+
+# ------------------------------------------------------------------------------------------------ the final choice
+def _state(entries, masks):
+    """A state holding `entries` (kind, mask, per-seed losses[, parent, accepted])."""
+    hist = []
+    for i, e in enumerate(entries):
+        h = {"i": i, "kind": e[0], "mask": e[1], "loss": float(np.mean(masks[e[1]])), "s": None}
+        if e[0] == "polish":
+            h.update(parent=e[2], accepted=e[3])
+        hist.append(h)
+    return SearchState({"history": hist, "masks": {k: {"loss": float(np.mean(v)), "per_seed": v}
+                                                   for k, v in masks.items()}, "final": None}, None)
+
+
+def test_a_polish_chain_from_the_fallback_is_kept_within_the_noise_and_a_gp_mask_is_not():
+    noisy = [0.9, 1.1, 0.9, 1.1]  # the start mask's per-seed losses
+    masks = {"A": [1.0, 1.0, 1.0, 1.0], "G": [0.45, 1.40, 0.45, 1.40], "P": [0.90, 1.00, 0.92, 1.02], "B": noisy}
+    # G: the lowest mean (0.925), 0.27 s.e. below A: not believable; P (mean 0.96): 1.4 s.e. below A, within the
+    # noise margin (2) but a polish move from the fallback A that the seeds it was not chosen on agreed with
+    st_ = _state([("instant", "A"), ("instant", "B"), ("gp", "G"), ("polish", "P", "A", True)], masks)
+    chosen, how, unchecked = choose(st_)
+    assert chosen["mask"] == "P" and how == "beyond_noise" and not unchecked
+    # the same move, not accepted (it failed the halves check): the fallback stays
+    st_ = _state([("instant", "A"), ("instant", "B"), ("gp", "G"), ("polish", "P", "A", False)], masks)
+    chosen, how, _ = choose(st_)
+    assert chosen["mask"] == "A" and how == "instant_within_noise"
+    # a move the halves rejected is no candidate, even with a gain beyond the noise over the fallback: its parent is
+    masks["R"], masks["H"] = [0.60, 0.61, 0.60, 0.61], [0.70, 0.70, 0.70, 0.70]
+    st_ = _state([("instant", "A"), ("gp", "H"), ("polish", "R", "H", False)], masks)
+    assert choose(st_)[0]["mask"] == "H"
+    # the same chain ending within one standard error of the fallback (0.4 s.e.) is not enough
+    masks["P"] = [0.90, 1.05, 0.92, 1.06]
+    st_ = _state([("instant", "A"), ("instant", "B"), ("gp", "G"), ("polish", "P", "A", True)], masks)
+    assert choose(st_)[0]["mask"] == "A"
+    # a chain rooted at the unbelievable G is not believable either
+    masks["Q"] = [0.44, 1.39, 0.44, 1.39]
+    st_ = _state([("instant", "A"), ("gp", "G"), ("polish", "Q", "G", True)], masks)
+    assert choose(st_)[0]["mask"] == "A"
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(salt=st.integers(0, 10_000), n_seeds=st.sampled_from([1, 2, 3, 6]), k=st.integers(3, 8),
+       share=st.sampled_from([0.0, 0.5, 0.75]), spread=st.sampled_from([0.0, 0.3, 3.0]))
+def test_the_search_never_returns_a_mask_worse_on_its_loss_than_its_best_start(salt, n_seeds, k, share, spread):
+    """Random per-seed losses (a deterministic function of the mask): whatever the search measures, the returned
+    mask's loss is its measured loss and at most the best start mask's."""
+    prof = make_profile()
+
+    def evaluate(mask):
+        rng = np.random.default_rng([salt, int(mask_key(mask), 2)])
+        base = rng.random()
+        return list(base + spread * rng.random(n_seeds)) if n_seeds > 1 else base
+    res = run_search(prof, SearchConfig(**dict(CFG, k=k, budget=22, polish_share=share)), evaluate)
+    starts = [h["loss"] for h in res.history if h["kind"] == "instant"]
+    loss = res.policy.metrics["loss"]
+    assert loss <= min(starts)
+    assert loss == res.state["masks"][mask_key(res.policy.mask)]["loss"]
+
+
+# ------------------------------------------------------------------------------------------------ error models
+N_SMALL = 8
+
+
+def _recorded_profile(seed=0, m=(4, 6, 5)):
+    """A profile recorded from a smooth residual trajectory with noise (E, E1 and the fit statistics)."""
+    g = torch.Generator().manual_seed(seed)
+    base, drift, curve = (torch.randn(m, generator=g, dtype=torch.float64) for _ in range(3))
+    t = torch.linspace(1, 0, N_SMALL + 1)[:-1]
+    deltas = [base + tt * drift + 3 * tt ** 2 * curve + 0.2 * torch.randn(m, generator=g, dtype=torch.float64)
+              for tt in t]
+    rec = ProfileRecorder(t.tolist(), forecast=True)
+    for j, d in enumerate(deltas):
+        rec.record(j, "all", torch.randn(m, generator=g, dtype=torch.float64), d)
+    return rec.finish(), [d.reshape(-1).numpy() for d in deltas], t.numpy().astype(np.float64)
+
+
+def _direct_rms(deltas, c_of):
+    """RMS errors from the residuals themselves (float64 loops): E2[i, j] = RMS(δ_j − δ_i), E3[p, i, j] = RMS of
+    δ_j − (δ_i + c·(δ_i − δ_p))."""
+    n = len(deltas)
+    e2, e3 = np.zeros((n, n)), np.zeros((n, n, n))
+    for i in range(n):
+        for j in range(n):
+            e2[i, j] = np.sqrt(np.mean((deltas[j] - deltas[i]) ** 2))
+            for p in range(i):
+                c = c_of(p, i, j)
+                e3[p, i, j] = np.sqrt(np.mean((deltas[j] - deltas[i] - c * (deltas[i] - deltas[p])) ** 2))
+    return e2, e3
+
+
+def _brute(e2, e3, w, k):
+    """The least Σ e^{w_j}·error over every K-mask (reuse while one step is computed, else the two-step error)."""
+    n, ew, best = len(w), np.exp(w), np.inf
+    for rest in combinations(range(1, n), k - 1):
+        comp, cost = [], 0.0
+        for j in range(n):
+            if j == 0 or j in rest:
+                comp.append(j)
+            elif len(comp) == 1 or e3 is None:
+                cost += ew[j] * e2[comp[-1], j]
+            else:
+                cost += ew[j] * e3[comp[-2], comp[-1], j]
+        best = min(best, cost)
+    return best
+
+
+@pytest.mark.parametrize("forecast", ["reuse", "linear", "fitted"])
+def test_rms_error_model_masks_are_exact_dp_optima_of_the_rms_errors(forecast):
+    prof, deltas, t = _recorded_profile()
+    assert deltas[0].size % 2 == 0  # two equal folds: their mean is the RMS over every element
+    if forecast == "fitted":
+        def c_of(p, i, j):
+            a, b = deltas[i] - deltas[p], deltas[j] - deltas[i]
+            return float(np.dot(a, b) / np.dot(a, a))
+    else:
+        def c_of(p, i, j):
+            return (t[j] - t[i]) / (t[i] - t[p])
+    e2, e3 = _direct_rms(deltas, c_of)
+    w = analytic_w(list(t) + [0.0])
+    for k in range(2, N_SMALL):
+        pol = instant_policy(prof, k, "theory", forecast=forecast, error_model="rms")
+        assert pol.method == f"theory_dp{'' if forecast == 'reuse' else '_' + forecast}_rms"
+        got = _brute_cost(pol.mask, e2, None if forecast == "reuse" else e3, w)
+        assert got == pytest.approx(_brute(e2, None if forecast == "reuse" else e3, w, k), rel=1e-6)
+
+
+def _brute_cost(mask, e2, e3, w):
+    comp, cost, ew = [], 0.0, np.exp(w)
+    for j, m in enumerate(mask):
+        if m:
+            comp.append(j)
+        elif len(comp) == 1 or e3 is None:
+            cost += ew[j] * e2[comp[-1], j]
+        else:
+            cost += ew[j] * e3[comp[-2], comp[-1], j]
+    return cost
+
+
+def test_mean_abs_error_model_masks_are_the_forecasters_own_dp_optima():
+    prof, _, t = _recorded_profile(seed=2)
+    w = analytic_w(list(t) + [0.0])
+    for forecast in ("reuse", "linear", "fitted"):
+        e2, e3 = forecasters.get(forecast).dp_errors(prof)
+        for k in range(2, N_SMALL):
+            pol = instant_policy(prof, k, "theory", forecast=forecast)
+            assert _brute_cost(pol.mask, e2, e3, w) == pytest.approx(_brute(e2, e3, w, k), rel=1e-9)
+
+
+def test_start_masks_name_every_error_model_and_the_count_is_known_before_the_profile():
+    prof, _, _ = _recorded_profile(seed=3)
+    names = [nm for nm, _ in start_masks(prof, 3, "fitted")]
+    assert names == ["theory_dp_fitted", "local_dp_fitted", "theory_dp_fitted_rms", "local_dp_fitted_rms",
+                     "theory_dp", "teacache"]
+    assert start_count("fitted", True) == 6 and start_count("reuse", True) == 5 and start_count("reuse", False) == 3
+    assert [nm for nm, _ in start_masks(make_profile(), 3)] == ["theory_dp", "local_dp", "teacache"]  # no fit stats
