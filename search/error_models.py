@@ -12,9 +12,13 @@ reuse DP), or None when the profile lacks the statistics it needs. Registered by
     mean_abs  the forecaster's own DP errors: mean |error| (profile-fitted: E1 scaled by the fitted/linear RMS ratio)
     rms       the exact RMS error of the forecaster's two-step linear form δ_i + c·(δ_i − δ_p) (core/fit_stats.py):
               reuse c = 0, linear/quadratic c = (t_j − t_i)/(t_i − t_p), fitted c = α; needs the fit statistics
+    ls_rms    the RMS error of the unconstrained least-squares two-step forecast a·δ_i + b·δ_p, (a, b) fitted per
+              (p, i, j) (FitStats.two_step_rms, from the Gram statistics): not the forecaster's own error but the
+              error of the best forecast from those two residuals, so its masks put computed steps where the
+              trajectory is hard to predict at all; for forecasters that use two or more residuals (E2 as rms's)
 
-A model that needs statistics profiles don't record yet is added here as one more such function once they do (next:
-`ls_two_step_rms`, the RMS error of the unconstrained least-squares forecast a·δ_p + b·δ_i, from Gram statistics).
+Each model's masks are applied with the search's forecaster; which model's mask is best is the true loss's call
+(bench/auto_error_models.py measured that auto should not pick by the held-out bound).
 """
 from __future__ import annotations
 
@@ -52,7 +56,22 @@ def rms(profile, fc) -> Optional[Tensors]:
     return None if c is None else (e2, st.rms(c))
 
 
-ERROR_MODELS: dict[str, Callable[..., Optional[Tensors]]] = {"mean_abs": mean_abs, "rms": rms}
+def ls_rms(profile, fc) -> Optional[Tensors]:
+    if not applies("ls_rms", fc) or not profile.has_fit_stats():
+        return None
+    st = profile.fit_stats()
+    if st.gram is None:  # a profile made before the Gram statistics were recorded
+        return None
+    return np.sqrt(np.maximum(st.sq_of(), 0.0)), st.two_step_rms()
+
+
+ERROR_MODELS: dict[str, Callable[..., Optional[Tensors]]] = {"mean_abs": mean_abs, "rms": rms, "ls_rms": ls_rms}
+# Which forecasters a model is for (every one unless named): a two-step error means nothing to a one-residual rule.
+_FOR = {"ls_rms": lambda fc: fc.keeps >= 2}
+
+
+def applies(name: str, fc) -> bool:
+    return _FOR.get(name, lambda _: True)(fc)
 
 
 def check(name: str) -> str:

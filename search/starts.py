@@ -31,14 +31,18 @@ def start_methods(forecast: str, models: Sequence[str]) -> dict[str, Start]:
     return out
 
 
-def _models(has_fit_stats: bool) -> list[str]:
-    return list(error_models.ERROR_MODELS) if has_fit_stats else [error_models.DEFAULT]
+def _models(forecast: str, has_fit_stats: bool) -> list[str]:
+    fc = forecasters.get(forecast)
+    return [m for m in error_models.ERROR_MODELS if error_models.applies(m, fc)] if has_fit_stats \
+        else [error_models.DEFAULT]
 
 
 def start_count(forecast: str, has_fit_stats: bool, n_extra: int = 0) -> int:
     """How many start masks a search of `forecast` has on a profile with (or without) the forecast fit statistics
-    (the RMS error model needs them): for the budget check before any profile exists."""
-    return len(start_methods(forecasters.canonical(forecast), _models(has_fit_stats))) + n_extra
+    (the RMS error models need them and the Gram statistics recorded with them): for the budget check before any
+    profile exists."""
+    forecast = forecasters.canonical(forecast)
+    return len(start_methods(forecast, _models(forecast, has_fit_stats))) + n_extra
 
 
 def instant_masks(profile: Profile, k: int, forecast="reuse") -> list[tuple[str, list]]:

@@ -13,6 +13,7 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from gcache.core import forecasters
+from gcache.core.errors import GCacheError
 from gcache.core.profile import ProfileRecorder
 from gcache.core.weights import analytic_w
 from gcache.search.bilevel import InProcessExecutor, mask_key, run_search
@@ -405,6 +406,30 @@ def _brute_cost(mask, e2, e3, w):
     return cost
 
 
+@pytest.mark.parametrize("forecast", ["linear", "fitted"])
+def test_ls_rms_error_model_masks_are_exact_dp_optima_of_least_squares_two_step_errors(forecast):
+    """E3[p, i, j] = RMS of δ_j − (a·δ_i + b·δ_p) with (a, b) from numpy's lstsq on the residuals themselves (not
+    the Gram statistics the profile gives them from); E2 = RMS(δ_j − δ_i). The same tensors whatever the forecaster
+    the masks are applied with."""
+    prof, deltas, t = _recorded_profile(seed=4)
+    n = len(deltas)
+    e2, _ = _direct_rms(deltas, lambda p, i, j: 0.0)
+    e3 = np.zeros((n, n, n))
+    for p in range(n):
+        for i in range(p + 1, n):
+            A = np.stack([deltas[i], deltas[p]], axis=1)
+            for j in range(i + 1, n):
+                ab = np.linalg.lstsq(A, deltas[j], rcond=None)[0]
+                e3[p, i, j] = np.sqrt(np.mean((deltas[j] - A @ ab) ** 2))
+    w = analytic_w(list(t) + [0.0])
+    for k in range(2, N_SMALL):
+        pol = instant_policy(prof, k, "theory", forecast=forecast, error_model="ls_rms")
+        assert pol.method == f"theory_dp_{forecast}_ls_rms" and pol.forecast == forecast
+        assert _brute_cost(pol.mask, e2, e3, w) == pytest.approx(_brute(e2, e3, w, k), rel=1e-6)
+    with pytest.raises(GCacheError, match="'ls_rms' error model needs"):
+        instant_policy(prof, 3, "theory", forecast="reuse", error_model="ls_rms")
+
+
 def test_mean_abs_error_model_masks_are_the_forecasters_own_dp_optima():
     prof, _, t = _recorded_profile(seed=2)
     w = analytic_w(list(t) + [0.0])
@@ -419,6 +444,8 @@ def test_start_masks_name_every_error_model_and_the_count_is_known_before_the_pr
     prof, _, _ = _recorded_profile(seed=3)
     names = [nm for nm, _ in start_masks(prof, 3, "fitted")]
     assert names == ["theory_dp_fitted", "local_dp_fitted", "theory_dp_fitted_rms", "local_dp_fitted_rms",
-                     "theory_dp", "teacache"]
-    assert start_count("fitted", True) == 6 and start_count("reuse", True) == 5 and start_count("reuse", False) == 3
+                     "theory_dp_fitted_ls_rms", "local_dp_fitted_ls_rms", "theory_dp", "teacache"]
+    assert start_count("fitted", True) == 8 and start_count("reuse", True) == 5 and start_count("reuse", False) == 3
+    assert [nm for nm, _ in start_masks(prof, 3, "reuse")] == ["theory_dp", "local_dp", "theory_dp_rms",
+                                                               "local_dp_rms", "teacache"]  # ls_rms: 2+ residuals
     assert [nm for nm, _ in start_masks(make_profile(), 3)] == ["theory_dp", "local_dp", "teacache"]  # no fit stats
