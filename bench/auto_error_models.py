@@ -1,7 +1,7 @@
 """Should Apply auto pick the error model too? Its choice of forecaster (search/instant.py choose_forecaster) scores
-each candidate's instant mask by the held-out bound (fit statistics in two folds). This bench adds the RMS error
-model's masks (search/error_models.py) to the candidates and compares, on held-out seeds, the instant policy the bound
-picks with and without them.
+each candidate's instant mask by the held-out bound (fit statistics in two folds). This bench adds the other error
+models' masks (search/error_models.py: rms, ls_rms) to the candidates and compares, on held-out seeds, the instant
+policy the bound picks with and without them; and, without any choice, auto's forecaster on each model's mask.
 
 On the reference model (euler, shift 2, CFG 3), one profiled batch of 8 seeds per N, K at 5x, ~3.75x, 3x, 2x, 1.5x:
 each (forecaster, error model) instant theory-DP policy is sampled on 16 held-out seeds, PSNR dB against full compute.
@@ -26,6 +26,8 @@ def main(argv=None) -> dict:
     import numpy as np
     from ..reference_model.harness import ReferenceHarness
     from ..search.cli import parse_seeds, set_threads
+    from ..core import forecasters
+    from ..search import error_models
     from ..search.instant import AUTO_CANDIDATES, _bound, choose_forecaster, instant_policy, propagation_weights
     from ..search.objectives import psnr
     from .quality import ks_of
@@ -42,7 +44,9 @@ def main(argv=None) -> dict:
         for k in ks_of(n):
             cand = {}
             for fc in AUTO_CANDIDATES:
-                for model in ("mean_abs", "rms"):
+                for model in error_models.ERROR_MODELS:
+                    if not error_models.applies(model, forecasters.get(fc)):
+                        continue
                     pol = instant_policy(prof, k, "theory", forecast=fc, error_model=model)
                     bound = float(np.mean([_bound(pol.mask, np.sqrt(st.sq_of(f)), st.rms(c_of[fc](f), f), ew)
                                            for f in (0, 1)]))  # as forecaster_scores judges a mask
@@ -54,6 +58,10 @@ def main(argv=None) -> dict:
                    "with_models_psnr": cand[with_models]["psnr"],
                    "best": max(cand, key=lambda c: cand[c]["psnr"]), "candidates": cand}
             row["gain_db"] = round(row["with_models_psnr"] - row["today_psnr"], 2)
+            # auto's forecaster, each error model's mask instead of the mean-|error| one (no choice by the bound)
+            fc_today = today.split("/")[0]
+            row["model_minus_today_db"] = {m: round(cand[f"{fc_today}/{m}"]["psnr"] - row["today_psnr"], 2)
+                                           for m in error_models.ERROR_MODELS if f"{fc_today}/{m}" in cand}
             out["rows"].append(row)
             print(f"N = {n}, K = {k}: auto today {today} {row['today_psnr']} dB; with error models {with_models} "
                   f"{row['with_models_psnr']} dB ({row['gain_db']:+.2f}); best on held-out seeds {row['best']} "
@@ -63,6 +71,13 @@ def main(argv=None) -> dict:
     out["better"], out["worse"] = sum(g > 0 for g in gains), sum(g < 0 for g in gains)
     print(f"picking the error model by the held-out bound: median {out['median_gain_db']:+.2f} dB, better at "
           f"{out['better']} and worse at {out['worse']} of {len(gains)} (N, K)")
+    out["model_minus_today_median_db"] = {}
+    for m in error_models.ERROR_MODELS:
+        d = [r["model_minus_today_db"][m] for r in out["rows"] if m in r["model_minus_today_db"]]
+        if d:
+            out["model_minus_today_median_db"][m] = statistics.median(d)
+            print(f"auto's forecaster on the {m} masks instead: median {statistics.median(d):+.2f} dB "
+                  f"(min {min(d):+.2f}, max {max(d):+.2f}) over {len(d)} (N, K)")
     print(json.dumps(out))
     return out
 
