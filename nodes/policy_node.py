@@ -67,8 +67,10 @@ class GCachePolicy(io.ComfyNode):
                                        "forecaster: needs a profile recorded with record_forecast)."),
                 io.Combo.Input("error_model", options=list(ERROR_MODELS), default=DEFAULT_ERROR_MODEL, optional=True,
                                tooltip="The errors the DP weighs: mean_abs, the forecaster's mean |error| (default); "
-                                       "rms, its exact RMS error (needs a profile recorded with record_forecast). "
-                                       "They can pick different masks; GCache Search measures both."),
+                                       "rms, its exact RMS error; ls_rms, the error of the best least-squares "
+                                       "forecast from the last two computed residuals (rms and ls_rms need a profile "
+                                       "recorded with record_forecast). They can pick different masks; GCache Search "
+                                       "measures each."),
                 io.String.Input("save_name", default="",
                                 tooltip="Save as models/gcache/<name>.json for GCache Apply's list (empty: not saved)."),
             ],

@@ -29,7 +29,7 @@ def search_prompt(name: str, mode: str, slice_seconds: int = 1, seeds: int = 2) 
         "5": {"class_type": "GCacheTestVAE", "inputs": {}},
         "6": {"class_type": "GCacheSearch", "inputs": {
             "model": ["1", 0], "positive": ["2", 0], "negative": ["3", 0], "latent": ["4", 0], "vae": ["5", 0],
-            "seed": 7, "seeds": seeds, "steps": 8, "cfg": 2.0, "sampler_name": "euler", "scheduler": "simple", "k": 3,
+            "seed": 7, "seeds": seeds, "steps": 12, "cfg": 2.0, "sampler_name": "euler", "scheduler": "simple", "k": 4,
             "budget": BUDGET, "degree": 2, "objective": "ssim", "forecast": "reuse (0)", "policy_name": name,
             "mode": mode, "slice_seconds": slice_seconds}},
     }
@@ -116,22 +116,22 @@ def test_background_search_yields_to_user_prompts_and_equals_the_foreground_one(
     assert bg_pol["mask"] == fg_pol["mask"] and bg_pol["metrics"]["loss"] == fg_pol["metrics"]["loss"]
     # GCache Apply (auto) on the same model, steps and scheduler, at a speed-up that asks for the search's K: the
     # searched policy, not an instant one
-    searched = [f for f in os.listdir(server["base"] / "models" / "gcache") if f.endswith("_K3_searched.json")]
+    searched = [f for f in os.listdir(server["base"] / "models" / "gcache") if f.endswith("_K4_searched.json")]
     assert len(searched) == 1 and searched[0].startswith("auto_Flux-"), searched
     io_share = json.loads((server["base"] / "models" / "gcache" / searched[0]).read_text())["metrics"]["io_share"]
-    speedup = math.ceil(100 * 8 / (3 + 5 * io_share)) / 100  # just above the K = 3 speed-up (K = 2 gives more)
+    speedup = math.ceil(100 * 12 / (4 + 8 * io_share)) / 100  # just above the K = 4 speed-up (K = 3 gives more)
     apply = search_prompt("unused", "foreground")
     apply["6"] = {"class_type": "GCacheApply", "inputs": {"model": ["1", 0], "policy_file": "(auto)",
                                                           "cache_device": "model device", "step_mismatch": "remap",
                                                           "auto_speedup": speedup}}
-    apply["7"] = {"class_type": "KSampler", "inputs": {"model": ["6", 0], "seed": 5, "steps": 8, "cfg": 2.0,
+    apply["7"] = {"class_type": "KSampler", "inputs": {"model": ["6", 0], "seed": 5, "steps": 12, "cfg": 2.0,
                                                        "sampler_name": "euler", "scheduler": "simple",
                                                        "positive": ["2", 0], "negative": ["3", 0],
                                                        "latent_image": ["4", 0], "denoise": 1.0}}
     apply["8"] = {"class_type": "SaveLatent", "inputs": {"samples": ["7", 0], "filename_prefix": "auto_after"}}
     assert finished(server, queue(server, apply))["status"]["status_str"] == "success"
     log = server["log"].read_text()
-    assert "applying the policy GCache Search found" in log and "GCache: computed 3/8 steps" in log
+    assert "applying the policy GCache Search found" in log and "GCache: computed 4/12 steps" in log
     bg_state = json.loads((server["base"] / "models" / "gcache" / "bg.search.json").read_text())
     fg_state = json.loads((server["base"] / "models" / "gcache" / "fg.search.json").read_text())
     strip = ("seconds", "gp_seconds")

@@ -158,7 +158,7 @@ def test_search_refuses_a_connected_defective_profile_before_sampling(flux, gcac
         raise AssertionError("GCache Search sampled with a defective profile connected")
     monkeypatch.setattr(search_job, "sample", no_sampling)
     with pytest.raises(GCacheError, match="can't use the connected profile.*squared.*Profile again"):
-        GCacheSearch.execute(m, pos, neg, {"samples": lat}, FakeVAE(), 0, 1, N, 1.0, "euler", "simple", 3, 12, 2,
+        GCacheSearch.execute(m, pos, neg, {"samples": lat}, FakeVAE(), 0, 1, N, 1.0, "euler", "simple", 3, 30, 2,
                              "ssim", "s_defect", profile=old)
     assert not (gcache_dir / "s_defect.search.json").exists()
 

@@ -96,7 +96,10 @@ def _run(server, prompt):
         h = _get(f"{server['url']}/history/{pid}")
         if pid in h and h[pid].get("status", {}).get("completed") is not None:
             st = h[pid]["status"]
-            assert st["status_str"] == "success", json.dumps(st)[-2000:]
+            errors = [m[1] for m in st.get("messages", []) if m[0] == "execution_error"]
+            assert st["status_str"] == "success", "; ".join(
+                f"{e.get('node_type')}: {e.get('exception_type')}: {e.get('exception_message')} "
+                f"{''.join(e.get('traceback') or [])[-1500:]}" for e in errors) or json.dumps(st)[-2000:]
             return h[pid]
         time.sleep(0.5)
     pytest.fail("prompt did not finish: " + server["log"].read_text()[-3000:])
@@ -190,7 +193,7 @@ TINY_COND = {"flux": {"tokens": 6, "dim": 32, "pooled": 24}, "wan": {"tokens": 8
 SHRINK = {"EmptySD3LatentImage": {"width": 64, "height": 64, "batch_size": 1},
           "EmptyHunyuanLatentVideo": {"width": 64, "height": 64, "length": 5, "batch_size": 1},
           "KSampler": {"steps": 6},
-          "GCacheSearch": {"steps": 6, "k": 3, "seeds": 1, "budget": 21, "objective": "ssim", "mode": "foreground"}}
+          "GCacheSearch": {"steps": 6, "k": 3, "seeds": 1, "budget": 25, "objective": "ssim", "mode": "foreground"}}
 
 
 def to_api(wf: dict, info: dict) -> dict:
