@@ -46,7 +46,7 @@ def few_computed(n_steps: int, k: int) -> Optional[str]:
     if k > 2 or k >= n_steps:
         return None
     return (f"only K = {k} of {n_steps} steps compute the block stack: with so few, caching can be worse than simply "
-            f"sampling {k} steps (on the reference model at 4 steps, 2x by caching gave 22.3-23.5 dB against 24.5 dB "
+            f"sampling {k} step{'' if k == 1 else 's'} (on the reference model at 4 steps, 2x by caching gave 22.3-23.5 dB against 24.5 dB "
             f"for a 2-step run); a few-step (distilled) model may do better with fewer steps than with GCache")
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from gcache.core.errors import GCacheError
 from gcache.core.files import safe_name
-from gcache.core.policy import Policy, check_budget, predicted_speedup
+from gcache.core.policy import Policy, check_budget, few_computed, predicted_speedup
 
 
 def make(n=10):
@@ -153,3 +153,10 @@ def test_for_mask_is_the_policy_of_a_profile_a_mask_and_a_forecaster():
     assert pol.forecast_params["alpha"]["4"] == [1, 3, round(float(alpha[1, 3, 4]), 6)]  # the last two computed steps
     assert pol.method == "m" and pol.metrics == {"loss": 1.0}
     assert Policy.for_mask(prof, mask).forecast == "reuse" and Policy.for_mask(prof, mask).forecast_params == {}
+
+
+def test_few_computed_notes_only_k_of_two_or_less_and_counts_steps_in_words():
+    assert few_computed(30, 3) is None and few_computed(2, 2) is None  # K = N: nothing is cached
+    one, two = few_computed(4, 1), few_computed(4, 2)
+    assert "only K = 1 of 4 steps" in one and "simply sampling 1 step (" in one
+    assert "only K = 2 of 4 steps" in two and "simply sampling 2 steps (" in two

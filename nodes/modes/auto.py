@@ -27,6 +27,7 @@ import torch
 from ...core import forecasters
 from ...core.engine import CacheStats
 from ...core.errors import GCacheError
+from ...core.io_share import IoShare
 from ...core.policy import Policy, few_computed, k_for_speedup, out_of_reach, predicted_speedup
 from ...core.profile import Profile
 from .. import artifacts
@@ -196,8 +197,8 @@ class AutoConfig(ModeConfig):
             pol, f, io_share, k_most = max(meets, key=lambda m: m[0].n_computed)
             return pol, (f"applying the policy GCache Search found ({pol.provenance.get('won', 'searched')}, "
                          f"K = {pol.n_computed}, {f}) instead of the instant one: it predicts "
-                         f"{pol.predicted_speedup(io_share):.2f}x and the {self.speedup:g}x target asks for "
-                         f"K ≤ {k_most}")
+                         f"{IoShare.from_metrics(pol.metrics, io_share).speedup_text(pol.n_steps, pol.n_computed)} "
+                         f"and the {self.speedup:g}x target asks for K ≤ {k_most}")
         if why_not:
             notes.append("not applying the policy GCache Search found: " + "; ".join(why_not))
         return None, ""
