@@ -11,7 +11,12 @@ forecaster minus fitted, with its spread (min, max).
 
     python -m gcache.bench.l2p_keeps                    # N = 30, K = 10, 15, 20
 
-Ends with one JSON line.
+Ends with one JSON line. Measured (this command, default seeds, one CPU thread; PSNR is deterministic here): minus
+fitted, median over the 9 (K, mask), l2p +0.18 dB (min −1.08, max +1.58), l2p_profile_all −0.01 (−0.85, +1.80),
+l2p_all −0.01 (−0.84, +1.79). Keeping 4 was ahead of keeping all at K = 15 (53.64 vs 52.79 dB on both DP masks) and
+on fitted's K = 20 mask (59.28 vs 58.77), behind on the uniform masks and l2p's own K = 20 mask (61.56 vs 62.83);
+all three lost to fitted at K = 10 (by 0.03-1.08 dB). The profile's Gram statistics fit as well as the full
+trajectories (l2p_profile_all within 0.22 dB of l2p_all everywhere).
 """
 from __future__ import annotations
 

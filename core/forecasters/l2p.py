@@ -24,7 +24,7 @@ from ..errors import GCacheError
 from . import register
 from .lagrange import lagrange_weights
 
-KEEPS = 4
+KEEPS = 4  # bench/l2p_keeps.py: 4 residuals were no worse than all of them (median +0.18 vs −0.01 dB over fitted)
 
 
 def _stats(profile):
