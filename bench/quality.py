@@ -10,7 +10,8 @@ Rows per K: the baselines (uniform, TeaCache-like, local DP, theory DP), instant
 one sample; linear, fitted, fitted with the RMS error model, and auto's pick), the reuse search (gcache), linear on
 its mask, the search with auto's forecaster (gcache_forecast; the same search without polish:
 gcache_forecast_nopolish), the fitted forecaster on the uniform mask, and the rivals (bench/rivals.py: spectrum,
-spectrum_mix, l2p) on the uniform mask (as they ship) and on gcache_forecast's mask.
+spectrum_mix, l2p_all over every computed residual) and GCache's l2p forecaster (its last 4; core/forecasters/l2p.py)
+on the uniform mask (as they ship) and on gcache_forecast's mask.
 
 polish_gain_db: per K, the median over --gp-seeds (SearchConfig.seed) of the held-out PSNR of the forecast search with
 polish minus the same search without it (same budget).
@@ -37,7 +38,7 @@ import warnings
 
 import numpy as np
 
-RIVALS = ("spectrum", "spectrum_mix", "l2p")
+RIVALS = ("spectrum", "spectrum_mix", "l2p", "l2p_all")
 METHODS = ("uniform", "teacache", "local_dp", "theory_dp", "instant_1batch", "instant_1sample", "gcache",
            "forecast_on_gcache_mask", "instant_linear", "instant_fitted", "instant_fitted_rms", "instant_auto",
            "gcache_forecast", "gcache_forecast_nopolish", "fitted_uniform") + \
@@ -182,7 +183,9 @@ def run_n(n_steps, args, objective, lpips_net, harness_factory=None) -> dict:
         row(k, "fitted_uniform", uni, "fitted", fitted.fit(profile, uni))
         for rival in RIVALS:
             for where, mask in (("uniform", uni), ("gcache_mask", searched.mask)):
-                params = l2p_params(gram, mask) if rival == "l2p" else {}
+                # l2p_all: fitted to the trajectories' Gram; the others fit their own parameters (core's l2p: to the
+                # profile's Gram statistics, last 4 residuals)
+                params = l2p_params(gram, mask) if rival == "l2p_all" else forecasters.get(rival).fit(profile, mask)
                 row(k, f"{rival}_{where}", mask, rival, params)
         gp_secs = [e["gp_seconds"] for e in res.history if e["gp_seconds"] is not None]
         mu = held_out(h, res.mu_mask, eval_seeds)["psnr"]

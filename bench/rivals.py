@@ -8,11 +8,13 @@ spectrum  Spectrum (CVPR'26, github.com/hanjq17/Spectrum, configs/algo/spectrum.
           combination of the kept residuals with weights that depend on the times only, so it is the engine's
           `weights` protocol exactly. We forecast the block stack's residual δ (their feature is the stack's output).
 spectrum_mix  the repository's later recommendation w = 0.5: (1 − w)·(linear extrapolation in steps) + w·Chebyshev.
-l2p       L2P-like (CVPR'26): per-step linear weights over every computed residual before a skipped step (lower
+l2p_all   L2P-like (CVPR'26): per-step linear weights over every computed residual before a skipped step (lower
           triangular), least squares on full-compute residual trajectories: for a mask, skipped step j with computed
           steps k < j gets w = argmin Σ‖δ_j − Σ_k w_k δ_k‖², from the Gram matrix G[k, l] = mean δ_k·δ_l of the
           search seeds' full runs (a 1e-6 relative ridge keeps near-collinear residuals solvable). Its weights are
-          the forecaster's parameters: {"w": {"<j>": [[k, …], [w_k, …]]}}.
+          the forecaster's parameters: {"w": {"<j>": [[k, …], [w_k, …]]}}. GCache's own forecaster 'l2p'
+          (core/forecasters/l2p.py) is its variant over the last 4 computed residuals only (each kept residual is a
+          full latent stream), fitted to the profile's Gram statistics; bench/quality.py has rows for both.
 """
 from __future__ import annotations
 
@@ -64,7 +66,7 @@ class SpectrumLike:
 
 
 class L2PLike:
-    name = "l2p"
+    name = "l2p_all"
     keeps = 64  # every computed residual before a skipped step (K ≤ 64 here)
 
     def weights(self, kept: Sequence[int], j: int, times: Sequence[float], params: dict) -> list[float]:
@@ -74,10 +76,10 @@ class L2PLike:
         return [float(v) for v in fit[1]]
 
     def dp_errors(self, profile):
-        raise GCacheError("l2p has no exact DP: it is applied on given masks only.")
+        raise GCacheError("l2p_all has no exact DP: it is applied on given masks only (core's l2p has one).")
 
     def fit(self, profile, mask):
-        raise GCacheError("l2p is fitted on residual trajectories: use l2p_params.")
+        raise GCacheError("l2p_all is fitted on residual trajectories: use l2p_params.")
 
 
 def l2p_params(gram: np.ndarray, mask: Sequence[int], ridge: float = 1e-6) -> dict:

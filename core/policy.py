@@ -94,7 +94,9 @@ class Policy:
                 "The first step of a policy must compute the blocks (mask[0] = 1): there is no cached residual "
                 "to reuse before it. Set the first entry to 1."
             )
-        _check_forecast_params(self.forecast_params, m)
+        if not isinstance(self.forecast_params, dict):
+            raise GCacheError("The policy's forecast_params must be a JSON object.")
+        forecasters.get(self.forecast).check_params(self.forecast_params, m)
         for name, seq in (("times", self.times), ("sigmas", self.sigmas)):
             if seq is not None:
                 if len(seq) != len(m):
@@ -245,24 +247,6 @@ class Policy:
             raise GCacheError(f"{os.path.basename(path)} is not a text file, so not a GCache policy (JSON). "
                               "Choose the policy's .json file.") from None
         return cls.from_json(text, source=os.path.basename(path))
-
-
-def _check_forecast_params(params: dict, mask: list) -> None:
-    """The profile-fitted forecaster's α: {"<skipped step j>": [p, i, α]} with computed p < i < j, α finite."""
-    if not isinstance(params, dict):
-        raise GCacheError("The policy's forecast_params must be a JSON object.")
-    alpha = params.get("alpha", {})
-    ok = isinstance(alpha, dict)
-    for j, v in (alpha.items() if ok else ()):
-        ok = (isinstance(j, str) and j.isdigit() and isinstance(v, list) and len(v) == 3
-              and all(isinstance(x, int) and not isinstance(x, bool) for x in v[:2])
-              and isinstance(v[2], (int, float)) and math.isfinite(v[2]) and 0 <= v[0] < v[1] < int(j) < len(mask)
-              and mask[int(j)] == 0 and mask[v[0]] == 1 and mask[v[1]] == 1)
-        if not ok:
-            break
-    if not ok:
-        raise GCacheError("The policy's fitted forecast coefficients are inconsistent with its mask (each skipped "
-                          "step j needs [p, i, α] with computed steps p < i < j): make the policy again.")
 
 
 def check_budget(k: int, n_steps: int) -> None:

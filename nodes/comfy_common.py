@@ -9,6 +9,7 @@ import torch
 import folder_paths
 from comfy_api.latest import io
 
+from ..core import forecasters
 from ..core.errors import GCacheError
 from . import artifacts
 
@@ -18,8 +19,8 @@ ProfileSocket = io.Custom("GCACHE_PROFILE")
 FOLDER = "gcache"
 NO_FILE = "(none)"
 AUTO = "(auto)"
-# combo label → forecaster (core/forecasters); the labels of saved workflows stay valid
-FORECAST = {"reuse (0)": "reuse", "linear (1)": "linear", "quadratic (2)": "quadratic", "fitted (profile)": "fitted"}
+# combo label → forecaster (core/forecasters: each says its label; the labels of saved workflows stay valid)
+FORECAST = {forecasters.get(n).label: n for n in forecasters.names()}
 
 
 def register_folder() -> None:

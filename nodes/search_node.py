@@ -11,6 +11,7 @@ import comfy.samplers
 import comfy.utils
 from comfy_api.latest import io
 
+from ..core import forecasters
 from ..core.errors import GCacheError
 from ..core.files import safe_name
 from ..search.bilevel import SearchInterrupted
@@ -102,7 +103,7 @@ class GCacheSearch(io.ComfyNode):
                               forecast=cc.FORECAST[forecast])
         # K and the budget are refused before any sampling, not after the references: the reference runs record the
         # forecast statistics (so the RMS error model's start masks) when the search forecasts
-        has_stats = profile.has_fit_stats() if profile is not None else config.forecast != "reuse"
+        has_stats = profile.has_fit_stats() if profile is not None else forecasters.get(config.forecast).forecasts
         config.validate(steps, start_count(config.forecast, has_stats))
         require(*search_modules(objective))  # before any sampling: names a missing package and its pip command
         make_objective(objective)  # fails early, with a message, when LPIPS weights are missing

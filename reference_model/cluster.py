@@ -55,7 +55,7 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--budget", type=int, default=64)  # SearchConfig's default
     ap.add_argument("--degree", type=int, default=3)
     ap.add_argument("--objective", default="ssim", choices=OBJECTIVES)
-    ap.add_argument("--forecast", default="reuse", choices=("reuse", "linear", "quadratic", "fitted", "0", "1", "2"),
+    ap.add_argument("--forecast", default="reuse", choices=(*forecasters.names(), "0", "1", "2"),
                     help="the forecaster masks are applied with (0/1/2: reuse/linear/quadratic)")
     ap.add_argument("--search-seeds", default="1000-1015")
     ap.add_argument("--seed", type=int, default=0)
@@ -114,9 +114,10 @@ def check_arguments(a):
         if profile is not None:
             a.steps = profile.n_steps
             problems.check(check_budget, a.k, a.steps)
-        problems.require(a.forecast != "fitted",
-                         "The ComfyUI workers apply reuse, linear or quadratic forecasts; the profile-fitted one needs "
-                         "the profile in every worker: use --forecast linear here, or GCache Search in ComfyUI.")
+        problems.require(not forecasters.get(a.forecast).needs_profile,
+                         f"The ComfyUI workers apply the forecasters without profile-fitted parameters "
+                         f"({', '.join(forecasters.profile_free())}); {a.forecast} needs the profile in every worker: use "
+                         "--forecast linear here, or GCache Search in ComfyUI.")
     else:
         check_at_least(problems, "--workers", a.workers, 1, "the number of workers")
         if check_steps(problems, a.steps):
@@ -158,9 +159,9 @@ def _run(a) -> int:
     if a.comfyui:
         ex = RayExecutor.start_each(ComfyUIWorker, [((u, workflow, seeds, a.objective, a.forecast), {}) for u in urls])
     else:
-        profile = ReferenceHarness(a.steps).profile(seeds, forecast=a.forecast != "reuse")
+        profile = ReferenceHarness(a.steps).profile(seeds, forecast=forecasters.get(a.forecast).forecasts)
         ex = RayExecutor.start(ReferenceWorker, a.workers, a.steps, seeds, a.objective, a.forecast, 1,
-                               profile if a.forecast == "fitted" else None)
+                               profile if forecasters.get(a.forecast).needs_profile else None)
     try:
         ex.pids(timeout_s=a.start_timeout)
         state = os.path.join(a.out, f"search_state_N{a.steps}_K{a.k}.json")

@@ -46,8 +46,9 @@ class ComfyUIWorker:
         from .objectives import make_objective
         self.url, self.workflow = url.rstrip("/"), copy.deepcopy(workflow)
         self.seeds, self.forecast, self.timeout_s = [int(s) for s in seeds], forecasters.canonical(forecast), timeout_s
-        if self.forecast == "fitted":  # its α belong to each mask and come from the profile, which workers don't hold
-            raise GCacheError("A ComfyUI worker applies reuse, linear or quadratic forecasts, not the profile-fitted one.")
+        if forecasters.get(self.forecast).needs_profile:  # its parameters come from the profile, which workers don't hold
+            raise GCacheError(f"A ComfyUI worker applies the forecasters without profile-fitted parameters "
+                              f"({', '.join(forecasters.profile_free())}), not {self.forecast!r}.")
         self.apply, self.sampler, self.output = self.nodes_of(self.workflow)
         self.seed_key = "noise_seed" if "noise_seed" in self.workflow[self.sampler]["inputs"] else "seed"
         self.objective = make_objective(objective)

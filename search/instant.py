@@ -72,8 +72,8 @@ def instant_policy(profile: Profile, k: int, method: str = "theory", s: Optional
     mask, bound = forecast_dp(profile, w, k, fc.name, error_model)
     prov = {"k": k, "instant": method, "bound": bound, "profile_samples": int(profile.count),
             "error_model": error_model}
-    if fc.name != "reuse":
-        prov["mask_dp"] = f"{fc.name} forecast DP" + (" (the linear one: no exact DP for it)" if fc.name == "quadratic"
+    if fc.forecasts:
+        prov["mask_dp"] = f"{fc.name} forecast DP" + (f" (the {fc.dp_of} one: no exact DP for it)" if fc.dp_of
                                                       else "")
     if s is not None and method == "bernstein":
         prov["s"] = [float(v) for v in s]
@@ -84,11 +84,20 @@ def instant_policy(profile: Profile, k: int, method: str = "theory", s: Optional
 def instant_name(method: str, forecast: str, error_model: str = error_models.DEFAULT) -> str:
     """theory_dp, local_dp_linear, theory_dp_fitted_rms, …: the instant policy's method name in Policy files and
     search histories (the default error model adds nothing to it)."""
-    return f"{method}_dp" + ("" if forecast == "reuse" else f"_{forecast}") + error_models.suffix(error_model)
+    fc = forecasters.get(forecast)
+    return f"{method}_dp" + (f"_{fc.name}" if fc.forecasts else "") + error_models.suffix(error_model)
 
 
 # ------------------------------------------------------------------------------------------ choosing a forecaster
-AUTO_CANDIDATES = ("reuse", "linear", "fitted")  # quadratic has no exact DP and measured worse than linear
+def auto_candidates() -> list[str]:
+    """The forecasters auto mode chooses between (those that say auto_candidate), simplest first."""
+    return [n for n in forecasters.names() if forecasters.get(n).auto_candidate]
+
+
+def __getattr__(name: str):
+    if name == "AUTO_CANDIDATES":  # the tuple this module once held (bench/auto_error_models.py imports it)
+        return tuple(auto_candidates())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def forecaster_scores(profile: Profile, k: int, method: str = "theory") -> dict:
@@ -99,19 +108,26 @@ def forecaster_scores(profile: Profile, k: int, method: str = "theory") -> dict:
     Lower is better."""
     w = propagation_weights(profile, method)
     ew = np.exp(w)
-    if not profile.has_fit_stats():
-        if profile.e1_sum is None:
-            return {"reuse": forecast_dp(profile, w, k, "reuse")[1]}
-        return {name: forecast_dp(profile, w, k, name)[1] for name in ("reuse", "linear")}
+    candidates = [forecasters.get(n) for n in auto_candidates()]
+    if not profile.has_fit_stats():  # the fixed rules whose DP errors the profile has (forecasting ones need E1)
+        return {fc.name: forecast_dp(profile, w, k, fc.name)[1] for fc in candidates
+                if not fc.needs_profile and (not fc.forecasts or profile.e1_sum is not None)}
     st = profile.fit_stats()
-    c_of = {"reuse": lambda fold: np.zeros((profile.n_steps,) * 3), "linear": lambda fold: st.linear_c(profile.times),
-            "fitted": lambda fold: st.alpha(1 - fold)}
     scores = {}
-    for name in AUTO_CANDIDATES:
-        mask = forecast_dp(profile, w, k, name)[0]
-        scores[name] = float(np.mean([_bound(mask, np.sqrt(st.sq_of(f)), st.rms(c_of[name](f), f), ew)
-                                      for f in (0, 1)]))
+    for fc in candidates:
+        mask = forecast_dp(profile, w, k, fc.name)[0]
+        scores[fc.name] = float(np.mean([_bound(mask, np.sqrt(st.sq_of(f)), st.rms(_held_out_c(fc, profile, st, f), f),
+                                                ew) for f in (0, 1)]))
     return scores
+
+
+def _held_out_c(fc, profile: Profile, st, fold: int) -> np.ndarray:
+    """The candidate's two-step c with its parameters fitted on the other fold than the one it is judged on."""
+    c = fc.two_step_c(profile, st, 1 - fold)
+    if c is None:
+        raise GCacheError(f"The {fc.name} forecaster is an auto candidate but has no two-step form (two_step_c) to "
+                          "score it by.")
+    return c
 
 
 def _bound(mask: Sequence[int], reuse_err: np.ndarray, fore_err: np.ndarray, ew: np.ndarray) -> float:
@@ -140,5 +156,5 @@ def choose_forecaster(profile: Profile, k: int, method: str = "theory") -> tuple
     fewer steps."""
     scores = forecaster_scores(profile, k, method)
     if profile.n_steps <= FEW_STEPS:
-        return "reuse", scores
-    return min(scores, key=lambda n: (scores[n], AUTO_CANDIDATES.index(n))), scores
+        return forecasters.canonical(None), scores  # reuse
+    return min(scores, key=lambda n: (scores[n], forecasters.get(n).rank)), scores

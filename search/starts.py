@@ -25,8 +25,9 @@ def start_methods(forecast: str, models: Sequence[str]) -> dict[str, Start]:
     for model in models:
         for method in ("theory", "local"):
             out[instant_name(method, forecast, model)] = (method, forecast, model)
-    if forecast != "reuse":
-        out[instant_name("theory", "reuse")] = ("theory", "reuse", error_models.DEFAULT)
+    if forecasters.get(forecast).forecasts:  # the reuse-optimal mask, applied with the forecaster
+        reuse = forecasters.canonical(None)
+        out[instant_name("theory", reuse)] = ("theory", reuse, error_models.DEFAULT)
     out["teacache"] = None
     return out
 

@@ -68,7 +68,7 @@ def test_the_engine_applies_the_rivals_weights():
     times = list(np.linspace(1, 0, n + 1)[:-1])
     mask = [1, 1, 1, 0, 1, 0, 0, 1]
     deltas = [torch.full((1, 2), float(s) ** 1.5) for s in range(n)]
-    for name, params in (("spectrum", {}), ("l2p", {"w": {"5": [[0, 1, 2, 4], [0.1, -0.2, 0.3, 0.8]]}})):
+    for name, params in (("spectrum", {}), ("l2p_all", {"w": {"5": [[0, 1, 2, 4], [0.1, -0.2, 0.3, 0.8]]}})):
         cache = ResidualCache(mask, forecast=name, times=times, forecast_params=params)
         for s in range(n):
             cache.set_step(s)
@@ -78,5 +78,5 @@ def test_the_engine_applies_the_rivals_weights():
                 kept = [0, 1, 2, 4][-forecasters.get(name).keeps:]
                 w = forecasters.get(name).weights(kept, 5, times, params)
                 assert torch.allclose(out, sum(wk * deltas[k] for wk, k in zip(w, kept)))
-        if name == "l2p":
+        if name == "l2p_all":
             assert w == [0.1, -0.2, 0.3, 0.8]

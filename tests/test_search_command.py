@@ -35,7 +35,7 @@ def test_quality_bench_runs(tiny_model, capsys):
         assert key in out
     assert set(out["search_minus_best_other_psnr"]) == set(out["polish_gain_db"]) == {"2", "3", "4"}
     assert {r["method"] for r in out["rows"] if r["method"].startswith(("spectrum_", "l2p_"))} == \
-        {f"{r}_{m}" for r in ("spectrum", "spectrum_mix", "l2p") for m in ("uniform", "gcache_mask")}
+        {f"{r}_{m}" for r in ("spectrum", "spectrum_mix", "l2p", "l2p_all") for m in ("uniform", "gcache_mask")}
     at = {(r["K"], r["method"]): r["psnr"] for r in out["rows"]}
     for k in ("2", "3", "4"):  # the forecast keys are the differences of the rows they name
         fit = at[(int(k), "instant_fitted")] - at[(int(k), "instant_linear")]

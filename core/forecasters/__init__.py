@@ -10,6 +10,22 @@ file in this folder that calls `register(...)`: every module here is imported on
     dp_errors  the error tensors its exact DP needs from a profile: E2[i, j] for a skipped step j whose only
                computed step before it is i (step 0), E3[p, i, j] for one with two (None: the reuse DP)
     fit        its parameters for one mask, from a profile (stored in the Policy; {} for a fixed rule)
+
+What the rest of GCache decides by a forecaster, it asks the forecaster (never its name); register() gives each of
+these its default (DEFAULTS) when a forecaster doesn't set it:
+
+    label          its label in the GCache Policy / Search combos (saved workflows hold it: never change one)
+    rank           its place in those combos, and auto's tie-break between equal scores (the simpler first)
+    forecasts      False for reuse: a forecasting search also measures the reuse-optimal start mask, and its
+                   reference runs record the forecast statistics
+    needs_profile  its parameters are fitted to each mask from a profile (fit): whoever applies it must hold the
+                   profile (a ComfyUI worker doesn't)
+    dp_of          the forecaster whose exact DP its dp_errors are when it has none of its own (quadratic: linear)
+    auto_candidate auto mode's choose_forecaster considers it (search/instant.py); it then needs two_step_c
+    check_params   (params, mask) -> None, or a GCacheError saying what is wrong (Policy.validate)
+    two_step_c     (profile, fit_stats, fold) -> c[p, i, j] of its two-step form δ_i + c·(δ_i − δ_p), with any
+                   parameters fitted on `fold` (None: both), or None when it has no such form (the RMS error model and
+                   auto's held-out scores use it)
 """
 from __future__ import annotations
 
@@ -32,6 +48,31 @@ class Forecaster(Protocol):
 
     def fit(self, profile, mask: Sequence[int]) -> dict: ...
 
+    label: str
+    rank: int
+    forecasts: bool
+    needs_profile: bool
+    dp_of: Optional[str]
+    auto_candidate: bool
+
+    def check_params(self, params: dict, mask: Sequence[int]) -> None: ...
+
+    def two_step_c(self, profile, st, fold: Optional[int] = None) -> Optional[np.ndarray]: ...
+
+
+def no_params(params: dict, mask: Sequence[int], name: str = "this") -> None:
+    """A fixed rule's parameters: none (a hand-edited file that gives some is told so, not silently ignored)."""
+    if params:
+        raise GCacheError(f"The {name} forecaster takes no parameters, but the policy's forecast_params hold "
+                          f"{sorted(params)[:3]}: remove them, or set the forecaster they were made for.")
+
+
+def _defaults(fc) -> dict:
+    return {"label": fc.name, "rank": 100, "forecasts": True, "needs_profile": False, "dp_of": None,
+            "auto_candidate": False,
+            "check_params": lambda params, mask: no_params(params, mask, fc.name),
+            "two_step_c": lambda profile, st, fold=None: None}
+
 
 _REGISTRY: dict[str, Forecaster] = {}
 _ORDERS = {0: "reuse", 1: "linear", 2: "quadratic"}  # policy files before forecasters had names held an order
@@ -39,8 +80,16 @@ _LOADED = False
 
 
 def register(forecaster: Forecaster) -> Forecaster:
+    for attr, value in _defaults(forecaster).items():
+        if not hasattr(forecaster, attr):
+            setattr(forecaster, attr, value)
     _REGISTRY[forecaster.name] = forecaster
     return forecaster
+
+
+def unregister(name: str) -> None:
+    """Removes a forecaster (tests register toy ones for a while)."""
+    _REGISTRY.pop(name, None)
 
 
 def _load() -> None:
@@ -52,8 +101,14 @@ def _load() -> None:
 
 
 def names() -> list[str]:
+    """Every registered forecaster's name, by rank (the combos' order)."""
     _load()
-    return list(_REGISTRY)
+    return sorted(_REGISTRY, key=lambda n: _REGISTRY[n].rank)
+
+
+def profile_free() -> list[str]:
+    """The forecasters whose parameters don't come from a profile (what a ComfyUI worker, holding none, applies)."""
+    return [n for n in names() if not _REGISTRY[n].needs_profile]
 
 
 def canonical(name: Union[str, int, None]) -> str:

@@ -5,8 +5,11 @@ fitted to). The policy stores the α of each skipped step for the (p, i) the mas
 kept other steps (a forced computation) forecasts linearly. Its DP errors are the linear forecast's mean |errors| scaled by the fitted-to-linear RMS ratio (dp_errors)."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from ..errors import GCacheError
 from . import register
 from .lagrange import lagrange_weights
 
@@ -14,6 +17,9 @@ from .lagrange import lagrange_weights
 class Fitted:
     name = "fitted"
     keeps = 2
+    label, rank = "fitted (profile)", 3
+    needs_profile = True
+    auto_candidate = True
 
     def weights(self, kept, j, times, params):
         if len(kept) < 2:
@@ -44,6 +50,24 @@ class Fitted:
                 p, i = computed[-2:]
                 out[str(j)] = [p, i, round(float(alpha[p, i, j]), 6)]
         return {"alpha": out}
+
+    def check_params(self, params, mask):
+        """{"alpha": {"<skipped step j>": [p, i, α]}} with computed p < i < j, α finite."""
+        alpha = params.get("alpha", {})
+        ok = isinstance(alpha, dict)
+        for j, v in (alpha.items() if ok else ()):
+            ok = (isinstance(j, str) and j.isdigit() and isinstance(v, list) and len(v) == 3
+                  and all(isinstance(x, int) and not isinstance(x, bool) for x in v[:2])
+                  and isinstance(v[2], (int, float)) and math.isfinite(v[2]) and 0 <= v[0] < v[1] < int(j) < len(mask)
+                  and mask[int(j)] == 0 and mask[v[0]] == 1 and mask[v[1]] == 1)
+            if not ok:
+                break
+        if not ok:
+            raise GCacheError("The policy's fitted forecast coefficients are inconsistent with its mask (each skipped "
+                              "step j needs [p, i, α] with computed steps p < i < j): make the policy again.")
+
+    def two_step_c(self, profile, st, fold=None):
+        return st.alpha(fold)
 
 
 register(Fitted())

@@ -22,8 +22,12 @@ def lagrange_weights(nodes: Sequence[float], t: float) -> list[float]:
 
 
 class Lagrange:
-    def __init__(self, name: str, order: int):
+    def __init__(self, name: str, order: int, auto_candidate: bool):
         self.name, self.keeps = name, order + 1
+        self.label, self.rank = f"{name} ({order})", order
+        # the linear DP picks the masks of every order (an exact DP of order ≥ 2 would need N⁴ errors)
+        self.dp_of = None if order == 1 else "linear"
+        self.auto_candidate = auto_candidate
 
     def weights(self, kept, j, times, params):
         return lagrange_weights([float(times[i]) for i in kept], float(times[j]))
@@ -34,6 +38,9 @@ class Lagrange:
     def fit(self, profile, mask):
         return {}
 
+    def two_step_c(self, profile, st, fold=None):
+        return st.linear_c(profile.times)  # the quadratic's too: it is applied on the linear DP's masks
 
-register(Lagrange("linear", 1))
-register(Lagrange("quadratic", 2))
+
+register(Lagrange("linear", 1, auto_candidate=True))
+register(Lagrange("quadratic", 2, auto_candidate=False))  # no exact DP of its own, and measured worse than linear

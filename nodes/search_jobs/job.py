@@ -98,7 +98,7 @@ class SearchJob:
             if os.path.isfile(self.own_profile):
                 os.remove(self.own_profile)  # left by a search whose state is gone: it is recorded again now
             ref_model = hooks.patch_model(self.model, profile_config(
-                self.model, self.own_profile, forecast=self.config.forecast != "reuse",
+                self.model, self.own_profile, forecast=forecasters.get(self.config.forecast).forecasts,
                 on_not_added=self.not_recorded.append))
         refs = []
         for s in self.seeds:

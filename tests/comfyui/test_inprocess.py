@@ -453,3 +453,17 @@ def test_profile_node_records_forecast_errors_for_a_forecast_policy(built, gcach
     with BlockCounter(m, "wan") as c:  # applied with forecasting: still K block runs
         ksample(hooks.patch_model(m, apply_mode.apply_config(m, pol)), pos, neg, lat)
     assert len(c.batches) == 3
+    # the forecaster combo holds every forecaster's label (saved workflows hold the first four), l2p's included
+    combo = next(i for i in GCachePolicy.define_schema().inputs if i.id == "forecast")
+    assert combo.options == ["reuse (0)", "linear (1)", "quadratic (2)", "fitted (profile)", "l2p (profile)"]
+    l2p = GCachePolicy.execute(prof, "K", 2.0, 3, "theory", "", "", "l2p (profile)").result[0]
+    want = instant_policy(prof, 3, "theory", forecast="l2p")
+    assert l2p.forecast == "l2p" and (l2p.mask, l2p.forecast_params) == (want.mask, want.forecast_params)
+    with BlockCounter(m, "wan") as c:
+        ksample(hooks.patch_model(m, apply_mode.apply_config(m, l2p)), pos, neg, lat)
+    assert len(c.batches) == 3
+    on_mask = Policy.for_mask(prof, [1, 1, 0, 1, 0, 1], "l2p")  # skipped steps with two and three computed before
+    assert sorted(on_mask.forecast_params["w"]) == ["2", "4"]
+    with BlockCounter(m, "wan") as c:
+        ksample(hooks.patch_model(m, apply_mode.apply_config(m, on_mask)), pos, neg, lat)
+    assert len(c.batches) == 4
