@@ -36,23 +36,14 @@ def mean_abs(profile, fc) -> Optional[Tensors]:
     return fc.dp_errors(profile)
 
 
-def _two_step_c(fc_name: str, profile, st) -> Optional[np.ndarray]:
-    """c[p, i, j] of a forecaster's two-step form δ_i + c·(δ_i − δ_p); None for one without such a form."""
-    if fc_name in ("linear", "quadratic"):  # the quadratic has no exact DP: it is applied on the linear DP's masks
-        return st.linear_c(profile.times)
-    if fc_name == "fitted":
-        return st.alpha()
-    return None
-
-
 def rms(profile, fc) -> Optional[Tensors]:
-    if not profile.has_fit_stats():
+    if not applies("rms", fc) or not profile.has_fit_stats():
         return None
     st = profile.fit_stats()
     e2 = np.sqrt(np.maximum(st.sq_of(), 0.0))  # reuse: δ_j − δ_i, while one step is computed
-    if fc.name == "reuse":
+    if not fc.forecasts:
         return e2, None
-    c = _two_step_c(fc.name, profile, st)
+    c = fc.two_step_c(profile, st)
     return None if c is None else (e2, st.rms(c))
 
 
@@ -66,8 +57,9 @@ def ls_rms(profile, fc) -> Optional[Tensors]:
 
 
 ERROR_MODELS: dict[str, Callable[..., Optional[Tensors]]] = {"mean_abs": mean_abs, "rms": rms, "ls_rms": ls_rms}
-# Which forecasters a model is for (every one unless named): a two-step error means nothing to a one-residual rule.
-_FOR = {"ls_rms": lambda fc: fc.keeps >= 2}
+# Which forecasters a model is for (every one unless named): the forecaster's own RMS error needs its two-step form
+# (reuse needs none); a two-step least-squares error means nothing to a one-residual rule.
+_FOR = {"rms": lambda fc: not fc.forecasts or fc.two_step_form, "ls_rms": lambda fc: fc.keeps >= 2}
 
 
 def applies(name: str, fc) -> bool:

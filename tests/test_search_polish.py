@@ -449,3 +449,12 @@ def test_start_masks_name_every_error_model_and_the_count_is_known_before_the_pr
     assert [nm for nm, _ in start_masks(prof, 3, "reuse")] == ["theory_dp", "local_dp", "theory_dp_rms",
                                                                "local_dp_rms", "teacache"]  # ls_rms: 2+ residuals
     assert [nm for nm, _ in start_masks(make_profile(), 3)] == ["theory_dp", "local_dp", "teacache"]  # no fit stats
+
+
+def test_the_start_count_before_the_profile_is_the_count_the_profile_gives_for_every_forecaster():
+    """The budget check before any profile (start_count) counts exactly the start masks the search will measure."""
+    prof, _, _ = _recorded_profile(seed=5)
+    plain = make_profile()  # no forecast statistics
+    for name in forecasters.names():
+        assert start_count(name, True) == len(start_masks(prof, 3, name)), name
+    assert start_count("reuse", False) == len(start_masks(plain, 3, "reuse"))

@@ -26,6 +26,7 @@ these its default (DEFAULTS) when a forecaster doesn't set it:
     two_step_c     (profile, fit_stats, fold) -> c[p, i, j] of its two-step form δ_i + c·(δ_i − δ_p), with any
                    parameters fitted on `fold` (None: both), or None when it has no such form (the RMS error model and
                    auto's held-out scores use it)
+    two_step_form  whether it defines two_step_c (set by register(): an error model can tell without a profile)
 """
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ class Forecaster(Protocol):
     needs_profile: bool
     dp_of: Optional[str]
     auto_candidate: bool
+    two_step_form: bool
 
     def check_params(self, params: dict, mask: Sequence[int]) -> None: ...
 
@@ -80,6 +82,8 @@ _LOADED = False
 
 
 def register(forecaster: Forecaster) -> Forecaster:
+    if not hasattr(forecaster, "two_step_form"):
+        forecaster.two_step_form = hasattr(forecaster, "two_step_c")
     for attr, value in _defaults(forecaster).items():
         if not hasattr(forecaster, attr):
             setattr(forecaster, attr, value)
