@@ -127,7 +127,7 @@ class ResidualCache:
     """Per-run residual reuse state. Create one per sampling run; never share it between runs or models."""
 
     def __init__(self, mask: Optional[Sequence[int]], cache_device: Optional[str | torch.device] = None,
-                 forecast: str | int = "reuse", times: Optional[Sequence[float]] = None,
+                 forecast: "str | int | forecasters.Forecaster" = "reuse", times: Optional[Sequence[float]] = None,
                  forecast_params: Optional[dict] = None, observers: Sequence[EngineObserver] = ()):
         if mask is not None:
             mask = [int(v) for v in mask]

@@ -44,9 +44,10 @@ class GCacheApply(io.ComfyNode):
                 io.Combo.Input("forecast", options=["policy's"] + list(cc.FORECAST), default="policy's", optional=True,
                                tooltip="On skipped steps: the policy's choice ((auto): the forecaster its profile "
                                        "says is best), reuse the last residual, forecast it from the last 2 (linear) "
-                                       "or 3 (quadratic) computed steps, or with coefficients fitted to the profile "
-                                       "(fitted; needs a profile recorded with record_forecast). Each kept residual "
-                                       "costs one more latent-sized tensor per branch."),
+                                       "or 3 (quadratic) computed steps, with coefficients fitted to the profile "
+                                       "(fitted), or with least-squares weights over the last 4 (l2p); fitted and "
+                                       "l2p need a policy made for them. Each kept residual costs one more "
+                                       "latent-sized tensor per branch."),
                 io.String.Input("policy_json", default="", multiline=True, optional=True,
                                 tooltip="A policy as JSON text (what a policy file holds), for API clients such as the "
                                         "cluster search's ComfyUI workers; overrides policy_file. Empty: unused."),

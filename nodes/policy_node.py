@@ -62,9 +62,10 @@ class GCachePolicy(io.ComfyNode):
                 io.String.Input("bernstein_s", default="2, 1, 0.5, 0",
                                 tooltip="Bernstein coefficients s for method = bernstein (degree = count − 1)."),
                 io.Combo.Input("forecast", options=list(cc.FORECAST), default="reuse (0)", optional=True,
-                               tooltip="Skipped steps reuse the residual, or forecast it linearly, quadratically or "
-                                       "with coefficients fitted to the profile (the mask is then chosen for that "
-                                       "forecaster: needs a profile recorded with record_forecast)."),
+                               tooltip="Skipped steps reuse the residual, or forecast it linearly, quadratically, "
+                                       "with coefficients fitted to the profile, or with least-squares weights over "
+                                       "the last four residuals (l2p); the mask is then chosen for that forecaster "
+                                       "(needs a profile recorded with record_forecast)."),
                 io.Combo.Input("error_model", options=list(ERROR_MODELS), default=DEFAULT_ERROR_MODEL, optional=True,
                                tooltip="The errors the DP weighs: mean_abs, the forecaster's mean |error| (default); "
                                        "rms, its exact RMS error; ls_rms, the error of the best least-squares "

@@ -119,3 +119,12 @@ def test_auto_sees_the_toy_forecaster_iff_it_is_a_candidate(toy, monkeypatch, ca
         assert pick == "toy_steps" and scores["toy_steps"] == min(scores.values())
     else:
         assert pick in ("reuse", "linear", "fitted")
+
+
+def test_a_forecaster_object_travels_to_the_engine_as_it_is(toy):
+    """The object a node resolved is the engine's forecaster: get() passes a forecaster through, it is not looked
+    up by name again (an unregistered object works too)."""
+    assert forecasters.get(toy) is toy
+    loose = type("Loose", (), {"name": "loose", "keeps": 1, "weights": lambda self, kept, j, times, params: [1.0]})()
+    cache = ResidualCache([1, 0, 1], forecast=loose)
+    assert cache.forecaster is loose and "loose" not in forecasters.names()

@@ -131,7 +131,11 @@ def canonical(name: Union[str, int, None]) -> str:
     return name
 
 
-def get(name: Union[str, int, None]) -> Forecaster:
+def get(name: Union[str, int, None, Forecaster]) -> Forecaster:
+    """The forecaster of a name (or an old forecast order); a forecaster object passes through, so that the one a
+    node resolved travels to the engine as it is."""
+    if hasattr(name, "weights") and hasattr(name, "keeps"):
+        return name
     _load()
     return _REGISTRY[canonical(name)]
 

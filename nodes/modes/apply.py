@@ -45,7 +45,7 @@ class ApplyConfig(ModeConfig):
 
         # forecasting in the model's normalized time of the global schedule (t = σ for flow models); a clock per
         # lane times its steps (the measured speed-up of the log line)
-        return RunState(lambda: ResidualCache(mask, cache_device=cache_device, forecast=fc.name, times=times,
+        return RunState(lambda: ResidualCache(mask, cache_device=cache_device, forecast=fc, times=times,
                                               forecast_params=params, observers=(StepClock(),)),
                         tracker, self.owner, on_close=finish)
 
