@@ -31,6 +31,11 @@ class ApplyConfig(ModeConfig):
         placement = place_policy(pol, sched, times, self.on_mismatch)
         fc = forecasters.get(pol.forecast if self.forecast is None else self.forecast)
         params = pol.forecast_params if fc.name == pol.forecast and placement.mask == pol.mask else {}
+        if fc.needs_profile and not params:  # said, not silently forecast another way
+            why = f"the policy was made for {pol.forecast}" if fc.name != pol.forecast else "its mask was remapped"
+            log.warning("GCache: forecast %s has no parameters for this run's mask (%s): its skipped steps forecast "
+                        "linearly. For %s itself, make the policy with it (GCache Policy or Search).", fc.name, why,
+                        fc.name)
         mask, cache_device = placement.mask, self.cache_device
         share = IoShare.from_metrics(pol.metrics, self.io_share)  # measured by the profile it was made from
 

@@ -435,7 +435,7 @@ def test_policy_node_equals_theory_dp_policy(built, gcache_dir):
         GCachePolicy.execute(prof, "K", 2.0, 2, "bernstein", "a, b", "")
 
 
-def test_profile_node_records_forecast_errors_for_a_forecast_policy(built, gcache_dir):
+def test_profile_node_records_forecast_errors_for_a_forecast_policy(built, gcache_dir, caplog):
     from gcache.nodes.policy_node import GCachePolicy
     from gcache.nodes.profile_node import GCacheProfile
     from gcache.search.instant import instant_policy
@@ -467,3 +467,9 @@ def test_profile_node_records_forecast_errors_for_a_forecast_policy(built, gcach
     with BlockCounter(m, "wan") as c:
         ksample(hooks.patch_model(m, apply_mode.apply_config(m, on_mask)), pos, neg, lat)
     assert len(c.batches) == 4
+    # forcing a profile-fitted forecaster on a policy made for another: said, and it forecasts linearly
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="gcache"):
+        forced = ksample(hooks.patch_model(m, apply_mode.apply_config(m, pol, forecast="l2p")), pos, neg, lat)
+    assert "forecast l2p has no parameters for this run's mask (the policy was made for linear)" in caplog.text
+    assert torch.equal(forced, ksample(hooks.patch_model(m, apply_mode.apply_config(m, pol)), pos, neg, lat))
