@@ -455,6 +455,9 @@ def test_the_start_count_before_the_profile_is_the_count_the_profile_gives_for_e
     """The budget check before any profile (start_count) counts exactly the start masks the search will measure."""
     prof, _, _ = _recorded_profile(seed=5)
     plain = make_profile()  # no forecast statistics
-    for name in forecasters.names():
+    shipped = [n for n in forecasters.names()  # not the rivals bench/rivals.py registers for its rows
+               if type(forecasters.get(n)).__module__.startswith(forecasters.__name__ + ".")]
+    assert len(shipped) >= 5
+    for name in shipped:
         assert start_count(name, True) == len(start_masks(prof, 3, name)), name
     assert start_count("reuse", False) == len(start_masks(plain, 3, "reuse"))
