@@ -70,8 +70,8 @@ class GCachePolicy(io.ComfyNode):
                                tooltip="The errors the DP weighs: mean_abs, the forecaster's mean |error| (default); "
                                        "rms, its exact RMS error; ls_rms, the error of the best least-squares "
                                        "forecast from the last two computed residuals (rms and ls_rms need a profile "
-                                       "recorded with record_forecast). They can pick different masks; GCache Search "
-                                       "measures each."),
+                                       "recorded with record_forecast); reuse_abs, the reuse mask, applied with the "
+                                       "forecaster. They can pick different masks; GCache Search measures each."),
                 io.String.Input("save_name", default="",
                                 tooltip="Save as models/gcache/<name>.json for GCache Apply's list (empty: not saved)."),
             ],

@@ -5,7 +5,7 @@
     gp.py                the outer GP-LCB proposer (Algorithm 2, Appendix D.3), GP-BUCB pending points
     instant.py           instant policies: the DP under analytic weights (theory, local, given s)
     baselines.py         uniform / TeaCache-like / local DP / theory DP policies at the same K
-    error_models.py      the error tensors a DP picks masks from (mean |error|, RMS, least-squares RMS), by name
+    error_models.py      the error tensors a DP picks masks from (mean |error|, RMS, least-squares RMS, reuse), by name
     config.py            SearchConfig: what one search is, and how its budget splits into phases
     starts.py            the search's start masks (instant DP masks of every error model, TeaCache-like, extras)
     bilevel.py           the search loop (run_search; run_batch_search with q in flight), SearchResult

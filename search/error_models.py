@@ -17,6 +17,9 @@ reuse DP), or None when the profile lacks the statistics it needs. Registered by
               error of the best forecast from those two residuals, so its masks put computed steps where the
               trajectory is hard to predict at all; for forecasters that use two or more residuals (E2 as rms's)
 
+    reuse_abs the reuse DP's errors E[i, j] = mean |δ_j − δ_i| for a forecaster that forecasts: the reuse-optimal
+              mask, applied with the forecaster (which then fits its parameters to it)
+
 Each model's masks are applied with the search's forecaster; which model's mask is best is the true loss's call
 (bench/auto_error_models.py measured that auto should not pick by the held-out bound).
 """
@@ -26,6 +29,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from ..core import forecasters
 from ..core.errors import GCacheError
 
 Tensors = tuple[np.ndarray, Optional[np.ndarray]]
@@ -56,10 +60,19 @@ def ls_rms(profile, fc) -> Optional[Tensors]:
     return np.sqrt(np.maximum(st.sq_of(), 0.0)), st.two_step_rms()
 
 
-ERROR_MODELS: dict[str, Callable[..., Optional[Tensors]]] = {"mean_abs": mean_abs, "rms": rms, "ls_rms": ls_rms}
+def reuse_abs(profile, fc) -> Optional[Tensors]:
+    if not applies("reuse_abs", fc):
+        return None
+    return forecasters.get(forecasters.canonical(None)).dp_errors(profile)  # reuse's E: the reuse DP
+
+
+ERROR_MODELS: dict[str, Callable[..., Optional[Tensors]]] = {"mean_abs": mean_abs, "rms": rms, "ls_rms": ls_rms,
+                                                             "reuse_abs": reuse_abs}
+NEEDS_FIT_STATS = ("rms", "ls_rms")  # the others come from E (and E1), in every profile
 # Which forecasters a model is for (every one unless named): the forecaster's own RMS error needs its two-step form
 # (reuse needs none); a two-step least-squares error means nothing to a one-residual rule.
-_FOR = {"rms": lambda fc: not fc.forecasts or fc.two_step_form, "ls_rms": lambda fc: fc.keeps >= 2}
+_FOR = {"rms": lambda fc: not fc.forecasts or fc.two_step_form, "ls_rms": lambda fc: fc.keeps >= 2,
+        "reuse_abs": lambda fc: fc.forecasts}
 
 
 def applies(name: str, fc) -> bool:

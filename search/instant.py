@@ -158,3 +158,26 @@ def choose_forecaster(profile: Profile, k: int, method: str = "theory") -> tuple
     if profile.n_steps <= FEW_STEPS:
         return forecasters.canonical(None), scores  # reuse
     return min(scores, key=lambda n: (scores[n], forecasters.get(n).rank)), scores
+
+
+# ------------------------------------------------------------------------------------------ auto's mask
+# The mask auto applies its forecaster on: the reuse DP's (error model reuse_abs), not the forecaster's own DP's.
+# Measured (bench/auto_error_models.py, reference model, N = 20 / 30 / 50 at 1.5-5x, 16 held-out seeds, PSNR against
+# full compute, auto's forecaster on each model's theory mask): reuse_abs beat mean_abs at 14 of 15 (N, K), median
+# +2.58 dB (e.g. +8.10 at N = 30, K = 10), and lost once, -6.07 dB at N = 50, K = 16. The forecaster's own DP judges
+# each forecast from true residuals; the reuse DP computes where the trajectory changes fast, which is where a forecast
+# fed by cached steps goes wrong. Picking the model by the held-out bound instead lost (median -0.10 dB for rms).
+AUTO_ERROR_MODEL = "reuse_abs"
+
+
+def auto_error_model(forecast) -> str:
+    """The error model auto's mask for `forecast` comes from (AUTO_ERROR_MODEL where it applies: not to reuse)."""
+    fc = forecasters.get(forecast)
+    return AUTO_ERROR_MODEL if error_models.applies(AUTO_ERROR_MODEL, fc) else error_models.DEFAULT
+
+
+def auto_policy(profile: Profile, k: int, forecast) -> Policy:
+    """GCache Apply (auto)'s instant policy: the theory-weight DP mask of auto_error_model, applied with `forecast`
+    (its parameters fitted to that mask)."""
+    fc = forecasters.get(forecast)
+    return instant_policy(profile, k, "theory", forecast=fc.name, error_model=auto_error_model(fc))

@@ -1,6 +1,7 @@
 """The search's start masks, measured before the start grid: for each error model the profile gives (error_models.py),
-the theory-weight and local-weight instant DP masks of the search's forecaster; when it forecasts, the reuse-optimal
-theory mask too; then the TeaCache-like mask; then the caller's extra masks (e.g. the reuse search's result).
+the theory-weight and local-weight instant DP masks of the search's forecaster (for a forecasting one, reuse_abs gives
+the reuse-optimal masks, applied with it); then the TeaCache-like mask; then the caller's extra masks (e.g. the reuse
+search's result).
 
 Each is a history entry of kind "instant" named by its method (theory_dp_fitted, local_dp_fitted_rms, teacache, …).
 Two error models may pick the same mask: the second entry reuses the first one's loss (no sampling).
@@ -25,17 +26,14 @@ def start_methods(forecast: str, models: Sequence[str]) -> dict[str, Start]:
     for model in models:
         for method in ("theory", "local"):
             out[instant_name(method, forecast, model)] = (method, forecast, model)
-    if forecasters.get(forecast).forecasts:  # the reuse-optimal mask, applied with the forecaster
-        reuse = forecasters.canonical(None)
-        out[instant_name("theory", reuse)] = ("theory", reuse, error_models.DEFAULT)
     out["teacache"] = None
     return out
 
 
 def _models(forecast: str, has_fit_stats: bool) -> list[str]:
     fc = forecasters.get(forecast)
-    return [m for m in error_models.ERROR_MODELS if error_models.applies(m, fc)] if has_fit_stats \
-        else [error_models.DEFAULT]
+    return [m for m in error_models.ERROR_MODELS if error_models.applies(m, fc)
+            and (has_fit_stats or m not in error_models.NEEDS_FIT_STATS)]
 
 
 def start_count(forecast: str, has_fit_stats: bool, n_extra: int = 0) -> int:

@@ -63,8 +63,9 @@ def test_forecast_search_uses_e1_seeds_the_reuse_mask_and_records_the_forecaster
     prof = make_profile()
     rng = np.random.default_rng(1)
     prof.e1_sum = rng.random((prof.n_steps,) * 3) * prof.count
-    res = run_search(prof, SearchConfig(**dict(CFG, forecast=1, budget=17)),
+    res = run_search(prof, SearchConfig(**dict(CFG, forecast=1, budget=18)),
                      lambda m: forecast_mask_cost(prof.E, prof.E1, np.zeros(prof.n_steps), m))
-    methods = [h.get("method") for h in res.history[:4]]
-    assert methods == ["theory_dp_linear", "local_dp_linear", "theory_dp", "teacache"]
+    methods = [h.get("method") for h in res.history[:5]]
+    assert methods == ["theory_dp_linear", "local_dp_linear", "theory_dp_linear_reuse_abs",
+                       "local_dp_linear_reuse_abs", "teacache"]
     assert res.policy.forecast == "linear" and res.policy.provenance["forecast"]["forecaster"] == "linear"

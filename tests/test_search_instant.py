@@ -53,3 +53,19 @@ def test_policy_picture_has_both_panels():
     img = plot_policy(pol, propagation_weights(prof))
     arr = np.asarray(img)
     assert img.size[0] == 720 and arr.std() > 10  # not a blank canvas
+
+
+def test_auto_policy_is_its_forecaster_on_the_reuse_policys_mask():
+    """Auto's mask for a forecasting forecaster is the reuse DP's theory mask (AUTO_ERROR_MODEL), with the
+    forecaster's parameters fitted to that mask; reuse's own is its DP's."""
+    from gcache.core.policy import Policy
+    from gcache.search.instant import auto_error_model, auto_policy, instant_policy
+    from test_search_polish import _recorded_profile
+    prof, _, _ = _recorded_profile(seed=6)
+    for k in (2, 3, 4):
+        reuse_mask = instant_policy(prof, k, "theory", forecast="reuse").mask
+        assert auto_policy(prof, k, "reuse").mask == reuse_mask and auto_error_model("reuse") == "mean_abs"
+        for fc in ("linear", "fitted"):
+            pol = auto_policy(prof, k, fc)
+            assert pol.mask == reuse_mask and pol.forecast == fc and auto_error_model(fc) == "reuse_abs"
+            assert pol.forecast_params == Policy.for_mask(prof, reuse_mask, fc).forecast_params

@@ -444,8 +444,12 @@ def test_start_masks_name_every_error_model_and_the_count_is_known_before_the_pr
     prof, _, _ = _recorded_profile(seed=3)
     names = [nm for nm, _ in start_masks(prof, 3, "fitted")]
     assert names == ["theory_dp_fitted", "local_dp_fitted", "theory_dp_fitted_rms", "local_dp_fitted_rms",
-                     "theory_dp_fitted_ls_rms", "local_dp_fitted_ls_rms", "theory_dp", "teacache"]
-    assert start_count("fitted", True) == 8 and start_count("reuse", True) == 5 and start_count("reuse", False) == 3
+                     "theory_dp_fitted_ls_rms", "local_dp_fitted_ls_rms", "theory_dp_fitted_reuse_abs",
+                     "local_dp_fitted_reuse_abs", "teacache"]
+    assert start_count("fitted", True) == 9 and start_count("reuse", True) == 5 and start_count("reuse", False) == 3
+    assert start_count("fitted", False) == 5  # mean_abs and reuse_abs come from E (and E1), in every profile
+    # reuse_abs's theory mask is the reuse policy's, applied with the forecaster
+    assert dict(start_masks(prof, 3, "fitted"))["theory_dp_fitted_reuse_abs"] == instant_policy(prof, 3).mask
     assert [nm for nm, _ in start_masks(prof, 3, "reuse")] == ["theory_dp", "local_dp", "theory_dp_rms",
                                                                "local_dp_rms", "teacache"]  # ls_rms: 2+ residuals
     assert [nm for nm, _ in start_masks(make_profile(), 3)] == ["theory_dp", "local_dp", "teacache"]  # no fit stats

@@ -1,8 +1,9 @@
 """GCache Apply (auto)'s mode: find this model's policy for the run's steps, scheduler and speed-up, else make one
 (profile this run with every step computed, then the best instant policy). Imports ComfyUI.
 
-The instant policy is the theory-DP mask for the forecaster the profile says is best (search/instant.py
-choose_forecaster: reuse, linear or profile-fitted, by a held-out bound), at the K whose predicted speed-up, with the
+The instant policy is the forecaster the profile says is best (search/instant.py choose_forecaster: reuse, linear or
+profile-fitted, by a held-out bound) on the reuse DP's theory mask (search/instant.py auto_policy: measured better
+than the forecaster's own DP mask), at the K whose predicted speed-up, with the
 io share the profiling run measured, is the largest not above the target. Apply's forecast input overrides the
 choice: the policy is then built for that forecaster from the saved profile (milliseconds, not saved).
 
@@ -40,10 +41,11 @@ from .base import ModeConfig, catalog_for, check_step_mismatch
 from .profile import ProfileConfig
 
 log = logging.getLogger("gcache")
-# 3: built from a profile whose E is the mean absolute difference (profile format 2); 2: the forecaster the profile
+# 4: a forecaster's mask is the reuse DP's (search/instant.py AUTO_ERROR_MODEL); 3: built from a profile whose E is
+# the mean absolute difference (profile format 2); 2: the forecaster the profile
 # says is best, at a measured io share, from profiles that may hold a squared E (core/profile.py); 1: reuse,
 # estimated share, from profiles without forecast statistics
-AUTO_VERSION = 3
+AUTO_VERSION = 4
 
 
 def model_key(model) -> str:
@@ -262,7 +264,7 @@ class AutoConfig(ModeConfig):
     def build(self, name: artifacts.AutoName, profile: Profile) -> Policy:
         """The best instant policy for the profile (not saved here: the caller saves it unless Apply's forecast
         input chose the forecaster)."""
-        from ...search.instant import FEW_STEPS, choose_forecaster, instant_policy  # search/ once a policy is made
+        from ...search.instant import FEW_STEPS, auto_policy, choose_forecaster  # search/ once a policy is made
         share = profile.io  # measured while profiling: its median decides K, its range is reported
         io_share = share.value
         k = k_for_speedup(profile.n_steps, self.speedup, io_share)
@@ -274,7 +276,7 @@ class AutoConfig(ModeConfig):
         if note:
             log.warning("GCache Apply auto: %s.", note)
         fc, scores = (self.forecast, {}) if self.forecast is not None else choose_forecaster(profile, k)
-        pol = instant_policy(profile, k, "theory", forecast=fc)
+        pol = auto_policy(profile, k, fc)
         pol.metrics.update(share.metrics(pol.n_steps, pol.n_computed))
         pol.provenance["auto"] = {"model": self.model_name, "key": self.key, "speedup": self.speedup,
                                   "version": AUTO_VERSION, "forecaster_scores": {n: round(v, 6) for n, v in scores.items()},

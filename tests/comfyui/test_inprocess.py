@@ -345,7 +345,9 @@ def test_apply_auto_forecasts_with_the_forecast_input(built, gcache_dir, caplog,
             out = ksample(GCacheApply.execute(m, "(auto)", "model device", "remap", 2.0, label).result[0], pos, neg,
                           lat, cfg=3.0)
         assert f"forecast {fc}, 2 residuals kept per branch" in caplog.text and sum(c.batches) == 2 * k
-        want = instant_policy(prof, k, "theory", forecast=fc)
+        # auto's mask for a forecaster is the reuse policy's (search/instant.py AUTO_ERROR_MODEL), fitted to it
+        want = instant_policy(prof, k, "theory", forecast=fc, error_model="reuse_abs")
+        assert want.mask == instant_policy(prof, k, "theory", forecast="reuse").mask
         assert want.forecast == fc and torch.equal(
             out, ksample(hooks.patch_model(m, apply_mode.apply_config(m, want)), pos, neg, lat, cfg=3.0))
 

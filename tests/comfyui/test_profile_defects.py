@@ -24,6 +24,7 @@ from gcache.core.policy import Policy  # noqa: E402
 from gcache.core.profile import Profile  # noqa: E402
 from gcache.nodes.search_jobs import job as search_job  # noqa: E402
 from gcache.nodes.apply_node import GCacheApply  # noqa: E402
+from gcache.nodes.modes.auto import AUTO_VERSION  # noqa: E402
 from gcache.nodes.policy_node import GCachePolicy  # noqa: E402
 from gcache.nodes.profile_node import GCacheLoadProfile, GCacheProfile  # noqa: E402
 from gcache.nodes.search_node import GCacheSearch  # noqa: E402
@@ -97,7 +98,7 @@ def test_auto_sets_a_defective_profile_aside_profiles_again_and_rebuilds_its_pol
     model = GCacheApply.execute(m, "(auto)", "model device", "remap", 2.0).result[0]
     ksample(model, pos, neg, lat)
     pol_path, prof_path = auto_files(gcache_dir)
-    assert Policy.load(str(pol_path)).provenance["auto"]["version"] == 3 and Profile.load(str(prof_path)).defect is None
+    assert Policy.load(str(pol_path)).provenance["auto"]["version"] == AUTO_VERSION and Profile.load(str(prof_path)).defect is None
     make_old(pol_path, prof_path)
     caplog.clear()
     with caplog.at_level("INFO", logger="gcache"), BlockRuns(m) as runs:
@@ -112,7 +113,7 @@ def test_auto_sets_a_defective_profile_aside_profiles_again_and_rebuilds_its_pol
     fresh = Profile.load(str(prof_path))
     assert fresh.defect is None and fresh.e_definition == 2 and fresh.count == 2
     pol = Policy.load(str(pol_path))
-    assert pol.provenance["auto"]["version"] == 3 and pol.n_computed < N
+    assert pol.provenance["auto"]["version"] == AUTO_VERSION and pol.n_computed < N
     caplog.clear()
     with caplog.at_level("INFO", logger="gcache"), BlockRuns(m) as runs:
         ksample(model, pos, neg, lat)
@@ -131,7 +132,7 @@ def test_auto_rebuilds_an_older_policy_from_a_clean_profile_and_profiles_again_w
     with caplog.at_level("INFO", logger="gcache"), BlockRuns(m) as runs:
         ksample(model, pos, neg, lat)
     assert f"rebuilt {pol_path.name}, made by an older auto (version 2)" in caplog.text and runs.n < N
-    assert Policy.load(str(pol_path)).provenance["auto"]["version"] == 3
+    assert Policy.load(str(pol_path)).provenance["auto"]["version"] == AUTO_VERSION
     # an auto-version-2 policy whose profile is gone can't be checked: profiled again, not applied
     pol_path.write_text(json.dumps(data))
     prof_path.unlink()
@@ -140,7 +141,7 @@ def test_auto_rebuilds_an_older_policy_from_a_clean_profile_and_profiles_again_w
         ksample(model, pos, neg, lat)
     assert runs.n == N and "that profile is gone: it is not applied; no policy for this model, 6 steps and 2x " \
         "yet: this run computes every step and profiles it" in caplog.text
-    assert Policy.load(str(pol_path)).provenance["auto"]["version"] == 3
+    assert Policy.load(str(pol_path)).provenance["auto"]["version"] == AUTO_VERSION
 
 
 def test_policy_node_refuses_a_defective_profile(flux, gcache_dir):
