@@ -118,7 +118,7 @@ def run_n(n_steps, args, objective, lpips_net, harness_factory=None) -> dict:
     from ..search.bilevel import run_search
     from ..search.cli import parse_seeds
     from ..search.config import SearchConfig
-    from ..search.instant import choose_forecaster, instant_policy
+    from ..search.instant import auto_policy, choose_forecaster, instant_policy
     from .rivals import l2p_params, trajectory_gram
     h = harness_factory(n_steps) if harness_factory else ReferenceHarness(n_steps)
     search_seeds, eval_seeds, gp_seeds = (parse_seeds(v) for v in (args.search_seeds, args.eval_seeds, args.gp_seeds))
@@ -157,9 +157,11 @@ def run_n(n_steps, args, objective, lpips_net, harness_factory=None) -> dict:
         # the instant forecast policies from one batch: linear, profile-fitted (both error models), and auto's pick
         auto_forecaster[k] = choose_forecaster(one_batch, k)[0]
         for name, fc, model in (("instant_linear", "linear", "mean_abs"), ("instant_fitted", "fitted", "mean_abs"),
-                                ("instant_fitted_rms", "fitted", "rms"), ("instant_auto", auto_forecaster[k], "mean_abs")):
+                                ("instant_fitted_rms", "fitted", "rms")):
             pol = instant_policy(one_batch, k, "theory", forecast=fc, error_model=model)
             row(k, name, pol.mask, fc, pol.forecast_params)
+        pol = auto_policy(one_batch, k, auto_forecaster[k])  # what GCache Apply (auto) applies: the reuse DP's mask
+        row(k, "instant_auto", pol.mask, auto_forecaster[k], pol.forecast_params)
         res, wall = search(k, "reuse", args.seed)
         m = row(k, "gcache", res.policy.mask, chosen=res.policy.provenance["won"])
         row(k, "forecast_on_gcache_mask", res.policy.mask, "linear")  # linear on the reuse search's mask
