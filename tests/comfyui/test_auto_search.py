@@ -39,19 +39,6 @@ def ksample(model, pos, neg, lat, steps=N):
                                        {"samples": lat})[0]["samples"]
 
 
-class BlockRuns:
-    """Counts the block stack's runs (the first double block's forward calls; cfg 1: one per computed step)."""
-
-    def __init__(self, model):
-        block = model.get_model_object("diffusion_model").double_blocks[0]
-        self.n = 0
-        self.h = block.register_forward_pre_hook(lambda *a: setattr(self, "n", self.n + 1))
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *e):
-        self.h.remove()
 
 
 def profile_with_io_share(flux, folder) -> Profile:
@@ -80,7 +67,7 @@ def auto(flux, caplog, *speedup):
     """One auto run (at Apply's default speed-up when none is given): (latent, block runs, log)."""
     m, pos, neg, lat = flux
     caplog.clear()
-    with caplog.at_level("INFO", logger="gcache"), BlockRuns(m) as runs:
+    with caplog.at_level("INFO", logger="gcache"), tm.BlockRuns(m) as runs:
         out = ksample(GCacheApply.execute(m, "(auto)", "model device", "remap", *speedup).result[0], pos, neg, lat)
     return out, runs.n, caplog.text
 

@@ -42,19 +42,6 @@ def ksample(model, pos, neg, lat, steps=N, cfg=1.0):
                                        {"samples": lat})[0]["samples"]
 
 
-class BlockRuns:
-    """Counts the block stack's runs (the first double block's forward calls; cfg 1: one per computed step)."""
-
-    def __init__(self, model):
-        block = model.get_model_object("diffusion_model").double_blocks[0]
-        self.n = 0
-        self.h = block.register_forward_pre_hook(lambda *a: setattr(self, "n", self.n + 1))
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *e):
-        self.h.remove()
 
 
 class SavedFilesExist(logging.Handler):
@@ -166,7 +153,7 @@ def test_auto_with_the_forecast_input_never_claims_a_policy_file_it_does_not_wri
     assert f"built the policy for the forecast input (linear; K = " in caplog.text
     assert f"not saved as {pol_name}; the next run builds it again from the saved {names[0]}." in caplog.text
     caplog.clear()
-    with caplog.at_level("INFO", logger="gcache"), BlockRuns(m) as runs:
+    with caplog.at_level("INFO", logger="gcache"), tm.BlockRuns(m) as runs:
         ksample(model, pos, neg, lat)
     assert f"built for the forecast input (linear), not saved, {pol_name} from the saved {names[0]}" in caplog.text
     assert runs.n < N
@@ -174,7 +161,7 @@ def test_auto_with_the_forecast_input_never_claims_a_policy_file_it_does_not_wri
     ksample(GCacheApply.execute(m, "(auto)", "model device", "remap", 2.0).result[0], pos, neg, lat)
     (gcache_dir / names[0]).unlink()
     caplog.clear()
-    with caplog.at_level("INFO", logger="gcache"), BlockRuns(m) as runs:
+    with caplog.at_level("INFO", logger="gcache"), tm.BlockRuns(m) as runs:
         ksample(model, pos, neg, lat)
     assert f"applying {pol_name} with the forecast input (linear): {names[0]} is missing, so no policy can be " \
         "built for it" in caplog.text
@@ -236,7 +223,7 @@ def test_apply_auto_in_a_read_only_folder_says_so_once_and_keeps_the_image(flux,
     m, pos, neg, lat = flux
     model = GCacheApply.execute(m, "(auto)", "model device", "remap", 2.0).result[0]
     read_only()
-    with caplog.at_level("INFO", logger="gcache"), BlockRuns(m) as runs:
+    with caplog.at_level("INFO", logger="gcache"), tm.BlockRuns(m) as runs:
         out = ksample(model, pos, neg, lat)
     assert torch.equal(out, ksample(m, pos, neg, lat)) and runs.n == N
     said = gcache_records(caplog)
@@ -252,7 +239,7 @@ def test_apply_auto_builds_from_a_saved_profile_in_a_read_only_folder_and_says_i
     ksample(GCacheApply.execute(m, "(auto)", "model device", "remap", 2.0).result[0], pos, neg, lat)
     read_only()
     caplog.clear()
-    with caplog.at_level("INFO", logger="gcache"), BlockRuns(m) as runs:
+    with caplog.at_level("INFO", logger="gcache"), tm.BlockRuns(m) as runs:
         ksample(GCacheApply.execute(m, "(auto)", "model device", "remap", 1.5).result[0], pos, neg, lat)
     built = [r for r in gcache_records(caplog, logging.INFO) if "from the saved" in r]
     assert len(built) == 1 and "_1.5x.json (not saved: the gcache folder " in built[0] and runs.n < N
@@ -306,7 +293,7 @@ def test_a_damaged_auto_profile_is_followed_by_what_the_run_really_does(flux, gc
     pol12.unlink()
     prof12.write_bytes(prof12.read_bytes()[:100])
     caplog.clear()
-    with caplog.at_level("INFO", logger="gcache"), BlockRuns(m) as runs:
+    with caplog.at_level("INFO", logger="gcache"), tm.BlockRuns(m) as runs:
         ksample(GCacheApply.execute(m, "(auto)", "model device", "remap", 2.0).result[0], pos, neg, lat, steps=12)
     side = prof12.name.replace(".profile.safetensors", ".damaged-1.profile.safetensors")
     said = gcache_records(caplog)

@@ -54,19 +54,6 @@ def version1_bytes(p: Profile) -> bytes:
                                       "count": str(p.count), "meta": json.dumps(meta)})
 
 
-class BlockRuns:
-    """Counts the block stack's runs (the first double block's forward calls)."""
-
-    def __init__(self, model):
-        block = model.get_model_object("diffusion_model").double_blocks[0]
-        self.n = 0
-        self.h = block.register_forward_pre_hook(lambda *a: setattr(self, "n", self.n + 1))
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *e):
-        self.h.remove()
 
 
 def auto_files(folder):
@@ -101,7 +88,7 @@ def test_auto_sets_a_defective_profile_aside_profiles_again_and_rebuilds_its_pol
     assert Policy.load(str(pol_path)).provenance["auto"]["version"] == AUTO_VERSION and Profile.load(str(prof_path)).defect is None
     make_old(pol_path, prof_path)
     caplog.clear()
-    with caplog.at_level("INFO", logger="gcache"), BlockRuns(m) as runs:
+    with caplog.at_level("INFO", logger="gcache"), tm.BlockRuns(m) as runs:
         out = ksample(model, pos, neg, lat)
     assert runs.n == N  # profiled again: every step computed
     assert torch.equal(out, ksample(m, pos, neg, lat))
@@ -115,7 +102,7 @@ def test_auto_sets_a_defective_profile_aside_profiles_again_and_rebuilds_its_pol
     pol = Policy.load(str(pol_path))
     assert pol.provenance["auto"]["version"] == AUTO_VERSION and pol.n_computed < N
     caplog.clear()
-    with caplog.at_level("INFO", logger="gcache"), BlockRuns(m) as runs:
+    with caplog.at_level("INFO", logger="gcache"), tm.BlockRuns(m) as runs:
         ksample(model, pos, neg, lat)
     assert runs.n == pol.n_computed and f"applying {pol_path.name}" in caplog.text
 
@@ -129,7 +116,7 @@ def test_auto_rebuilds_an_older_policy_from_a_clean_profile_and_profiles_again_w
     data["provenance"]["auto"]["version"] = 2
     pol_path.write_text(json.dumps(data))
     caplog.clear()
-    with caplog.at_level("INFO", logger="gcache"), BlockRuns(m) as runs:
+    with caplog.at_level("INFO", logger="gcache"), tm.BlockRuns(m) as runs:
         ksample(model, pos, neg, lat)
     assert f"rebuilt {pol_path.name}, made by an older auto (version 2)" in caplog.text and runs.n < N
     assert Policy.load(str(pol_path)).provenance["auto"]["version"] == AUTO_VERSION
@@ -137,7 +124,7 @@ def test_auto_rebuilds_an_older_policy_from_a_clean_profile_and_profiles_again_w
     pol_path.write_text(json.dumps(data))
     prof_path.unlink()
     caplog.clear()
-    with caplog.at_level("INFO", logger="gcache"), BlockRuns(m) as runs:
+    with caplog.at_level("INFO", logger="gcache"), tm.BlockRuns(m) as runs:
         ksample(model, pos, neg, lat)
     assert runs.n == N and "that profile is gone: it is not applied; no policy for this model, 6 steps and 2x " \
         "yet: this run computes every step and profiles it" in caplog.text

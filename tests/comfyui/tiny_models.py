@@ -142,3 +142,19 @@ def lumina2(seed: int = 0):
     mask = torch.ones(1, 6, dtype=torch.long)
     return m, _cond(6, 32, seed + 2, attention_mask=mask), _cond(6, 32, seed + 3, attention_mask=mask), \
         torch.zeros(1, 16, 8, 8)
+
+
+class BlockRuns:
+    """Counts a Flux model's block-stack runs: the first double block's forward calls (at cfg 1, one per computed
+    step; CFG branches batched together count once)."""
+
+    def __init__(self, model):
+        block = model.get_model_object("diffusion_model").double_blocks[0]
+        self.n = 0
+        self.h = block.register_forward_pre_hook(lambda *a: setattr(self, "n", self.n + 1))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *e):
+        self.h.remove()
