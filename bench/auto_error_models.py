@@ -28,7 +28,7 @@ def main(argv=None) -> dict:
     from ..search.cli import parse_seeds, set_threads
     from ..core import forecasters
     from ..search import error_models
-    from ..search.instant import AUTO_CANDIDATES, _bound, choose_forecaster, instant_policy, propagation_weights
+    from ..search.instant import _bound, auto_candidates, choose_forecaster, instant_policy, propagation_weights
     from ..search.objectives import psnr
     from .quality import ks_of
     set_threads(a.threads)
@@ -39,17 +39,16 @@ def main(argv=None) -> dict:
         prof = h.profile(list(range(1000, 1008)), forecast=True)
         ref, st = h.full(seeds), prof.fit_stats()
         ew = np.exp(propagation_weights(prof, "theory"))
-        c_of = {"reuse": lambda f: np.zeros((n,) * 3), "linear": lambda f: st.linear_c(prof.times),
-                "fitted": lambda f: st.alpha(1 - f)}
         for k in ks_of(n):
             cand = {}
-            for fc in AUTO_CANDIDATES:
+            for fc in auto_candidates():
                 for model in error_models.ERROR_MODELS:
                     if not error_models.applies(model, forecasters.get(fc)):
                         continue
                     pol = instant_policy(prof, k, "theory", forecast=fc, error_model=model)
-                    bound = float(np.mean([_bound(pol.mask, np.sqrt(st.sq_of(f)), st.rms(c_of[fc](f), f), ew)
-                                           for f in (0, 1)]))  # as forecaster_scores judges a mask
+                    c_of = forecasters.get(fc).two_step_c  # fitted on the other fold, as forecaster_scores judges
+                    bound = float(np.mean([_bound(pol.mask, np.sqrt(st.sq_of(f)), st.rms(c_of(prof, st, 1 - f), f), ew)
+                                           for f in (0, 1)]))
                     img, _ = h.run(seeds, pol.mask, forecast=fc, forecast_params=pol.forecast_params)
                     cand[f"{fc}/{model}"] = {"bound": bound, "psnr": round(psnr(img, ref), 2)}
             today = choose_forecaster(prof, k)[0] + "/mean_abs"

@@ -94,12 +94,6 @@ def auto_candidates() -> list[str]:
     return [n for n in forecasters.names() if forecasters.get(n).auto_candidate]
 
 
-def __getattr__(name: str):
-    if name == "AUTO_CANDIDATES":  # the tuple this module once held (bench/auto_error_models.py imports it)
-        return tuple(auto_candidates())
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def forecaster_scores(profile: Profile, k: int, method: str = "theory") -> dict:
     """Each candidate forecaster's DP bound for its own instant mask, judged on data it was not fitted to: the
     profile's forecast statistics come in two folds (even / odd residual elements); α is fitted on one and every
