@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 import gcache.core.profile as core_profile
 import stats_oracle as oracle
+from test_profile import SpyRecorder  # keeps what the engine hands the recorder: the oracle's input
 from gcache.core.engine import CacheStats, ResidualCache
 from gcache.core.errors import GCacheError
 from gcache.core.profile import MAX_SAMPLE_KEYS, Profile, ProfileRecorder, sample_stride
@@ -198,18 +199,6 @@ def test_rel_h_differences_are_not_rounded_to_the_input_dtype(dtype):
 
 
 # ------------------------------------------------------------------------------------------ the engine's path
-class Spy(ProfileRecorder):
-    """Keeps what the engine hands the recorder (the oracle's input)."""
-
-    def __init__(self, *a, **k):
-        super().__init__(*a, **k)
-        self.given = {}
-
-    def record(self, step, branch, h, delta):
-        self.given.setdefault(branch, {}).setdefault(step, (h.clone(), delta.clone()))
-        super().record(step, branch, h, delta)
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @CI
 @given(st.booleans(), st.integers(1, 2), st.integers(0, 2**31 - 1), st.sampled_from([None, "cpu"]))
@@ -220,7 +209,7 @@ def test_profile_mode_through_the_engine_equals_the_oracle(dtype, forecast, n_br
     n, times = 5, [1.0, 0.8, 0.55, 0.3, 0.1]
     g = torch.Generator().manual_seed(seed)
     branches = ["cond", "uncond"][:n_branches]
-    rec = Spy(times, forecast=forecast, history_device=history_device, chunk_elems=40)
+    rec = SpyRecorder(times, forecast=forecast, history_device=history_device, chunk_elems=40)
     entered = []
     with ResidualCache(None, observers=(rec,)) as cache:
         for step in range(n):
@@ -238,11 +227,11 @@ def test_profile_mode_through_the_engine_equals_the_oracle(dtype, forecast, n_br
         for step in range(n):
             h_in, z = entered[step]
             chunk = slice(b * 2, b * 2 + 2) if n_branches == 2 else slice(None)
-            h_seen, d_seen = rec.given[key][step]
+            h_seen, d_seen = rec.seen[key][step]
             assert torch.equal(h_seen, h_in[chunk])  # h as it was on entry, not as the blocks left it
             assert torch.equal(d_seen, z[chunk] - h_in[chunk])
     prof = rec.finish()
-    runs = {k: ([rec.given[k][s][0] for s in range(n)], [rec.given[k][s][1] for s in range(n)]) for k in branches}
+    runs = {k: ([rec.seen[k][s][0] for s in range(n)], [rec.seen[k][s][1] for s in range(n)]) for k in branches}
     _, want = oracle_for(times, runs, {"max_elems": None, "forecast": forecast})
     assert prof.count == n_branches
     check_against_oracle(prof, want, forecast)
