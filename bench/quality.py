@@ -8,10 +8,12 @@ seeds (--search-seeds).
 
 Rows per K: the baselines (uniform, TeaCache-like, local DP, theory DP), instant policies (reuse from one batch /
 one sample; linear, fitted, fitted with the RMS error model, and auto's pick), the reuse search (gcache), linear on
-its mask, the search with auto's forecaster (gcache_forecast; the same search without polish:
-gcache_forecast_nopolish), the fitted forecaster on the uniform mask, and the rivals (bench/rivals.py: spectrum,
+its mask, the search with auto's forecaster (gcache_forecast: its mask under the forecaster its forecaster check
+chose; the same search without polish: gcache_forecast_nopolish; its mask under auto's forecaster, i.e. without the
+check: gcache_forecast_unchecked), the fitted forecaster on the uniform mask, and the rivals (bench/rivals.py: spectrum,
 spectrum_mix, l2p_all over every computed residual) and GCache's l2p forecaster (its last 4; core/forecasters/l2p.py)
-on the uniform mask (as they ship) and on gcache_forecast's mask.
+on the uniform mask (as they ship) and on gcache_forecast's mask (rival_minus_fitted_db: against
+gcache_forecast_unchecked there).
 
 polish_gain_db: per K, the median over --gp-seeds (SearchConfig.seed) of the held-out PSNR of the forecast search with
 polish minus the same search without it (same budget).
@@ -41,9 +43,9 @@ import numpy as np
 RIVALS = ("spectrum", "spectrum_mix", "l2p", "l2p_all")
 METHODS = ("uniform", "teacache", "local_dp", "theory_dp", "instant_1batch", "instant_1sample", "gcache",
            "forecast_on_gcache_mask", "instant_linear", "instant_fitted", "instant_fitted_rms", "instant_auto",
-           "gcache_forecast", "gcache_forecast_nopolish", "fitted_uniform") + \
+           "gcache_forecast", "gcache_forecast_nopolish", "gcache_forecast_unchecked", "fitted_uniform") + \
     tuple(f"{r}_{m}" for r in RIVALS for m in ("uniform", "gcache_mask"))
-SEARCHES = ("gcache", "gcache_forecast", "gcache_forecast_nopolish")
+SEARCHES = ("gcache", "gcache_forecast", "gcache_forecast_nopolish", "gcache_forecast_unchecked")
 REUSING = ("uniform", "teacache", "local_dp", "theory_dp", "instant_1batch", "instant_1sample")  # no forecasting
 ONE_BATCH = 8  # samples in "one profiled batch" (instant_1batch); instant_1sample profiles a single seed
 
@@ -171,15 +173,19 @@ def run_n(n_steps, args, objective, lpips_net, harness_factory=None) -> dict:
             for share, tag in ((None, "polish"), (0.0, "nopolish")):
                 fres, fwall = search(k, fc, g, share)
                 fpol = fres.policy
-                psnr_g = held_out(h, fpol.mask, eval_seeds, None, fc, fpol.forecast_params)["psnr"]
+                # the policy's forecaster: the search's, or the one its forecaster check chose for the mask
+                psnr_g = held_out(h, fpol.mask, eval_seeds, None, fpol.forecast, fpol.forecast_params)["psnr"]
                 polish_runs.setdefault(k, {}).setdefault(g, {})[tag] = {
                     "psnr": round(psnr_g, 3), "loss": fpol.metrics["loss"], "won": fpol.provenance["won"],
-                    "accepted": fpol.provenance["polish"]["accepted"], "wall_s": round(fwall, 1)}
+                    "forecaster": fpol.forecast, "accepted": fpol.provenance["polish"]["accepted"],
+                    "wall_s": round(fwall, 1)}
                 if g == args.seed:
-                    r = row(k, "gcache_forecast" + ("" if tag == "polish" else "_nopolish"), fpol.mask, fc,
-                            fpol.forecast_params, chosen=fpol.provenance["won"])
+                    r = row(k, "gcache_forecast" + ("" if tag == "polish" else "_nopolish"), fpol.mask,
+                            fpol.forecast, fpol.forecast_params, chosen=fpol.provenance["won"])
                     if tag == "polish":
                         searched = fpol
+        # the searched mask under the search's own forecaster: the search without its forecaster check
+        row(k, "gcache_forecast_unchecked", searched.mask, fc, forecasters.get(fc).fit(profile, searched.mask))
         uni = uniform_mask(n_steps, k)
         fitted = forecasters.get("fitted")
         row(k, "fitted_uniform", uni, "fitted", fitted.fit(profile, uni))
@@ -200,6 +206,7 @@ def run_n(n_steps, args, objective, lpips_net, harness_factory=None) -> dict:
                      "search_loss": res.policy.metrics["loss"], "psnr_mu_mask": mu, "psnr_best_mask": bst,
                      "evals_to_0.3dB": convergence(res, h, eval_seeds, m["psnr"]),
                      "forecast_won": searched.provenance["won"], "forecast_chosen": searched.provenance["chosen"],
+                     "forecast_forecaster": searched.forecast,
                      "polish_accepted": searched.provenance["polish"]["accepted"]})
     return {"N": n_steps, "rows": rows, "cost": cost, "ks": ks_of(n_steps), "auto_forecaster": auto_forecaster,
             "polish_runs": polish_runs}
@@ -240,7 +247,7 @@ def report(out: dict, objective_name: str, lpips: bool) -> dict:
         fit_gain[str(k)] = round(at_k["instant_fitted"] - at_k["instant_linear"], 3)
         runs = out["polish_runs"][k]
         polish[str(k)] = round(statistics.median(r["polish"]["psnr"] - r["nopolish"]["psnr"] for r in runs.values()), 3)
-        fitted_on = {"uniform": at_k["fitted_uniform"], "gcache_mask": at_k["gcache_forecast"]}
+        fitted_on = {"uniform": at_k["fitted_uniform"], "gcache_mask": at_k["gcache_forecast_unchecked"]}
         for rv in RIVALS:
             for where in ("uniform", "gcache_mask"):
                 rivals.setdefault(rv, {}).setdefault(where, {})[str(k)] = round(at_k[f"{rv}_{where}"] - fitted_on[where], 3)

@@ -69,9 +69,11 @@ class GCacheSearch(io.ComfyNode):
                                tooltip="Loss vs. the full run: LPIPS + (1 − SSIM) (the paper's; torchvision's AlexNet, "
                                        "233 MB, is downloaded on first use), 1 − SSIM, or −PSNR (no weights)."),
                 io.Combo.Input("forecast", options=list(cc.FORECAST), default="reuse (0)", optional=True,
-                               tooltip="The order the policy is applied with; every candidate mask is judged with it "
-                                       "(forecast masks differ from reuse masks). Forecasting records the reference "
-                                       "runs' forecast errors too (a connected profile needs them)."),
+                               tooltip="The forecaster every candidate mask is judged with (forecast masks differ "
+                                       "from reuse masks). With a profile-fitted one, the chosen mask is also tried "
+                                       "under the other profile-fitted forecaster and the policy takes the better. "
+                                       "Forecasting records the reference runs' forecast errors too (a connected "
+                                       "profile needs them)."),
                 io.String.Input("policy_name", default="my_policy",
                                 tooltip="Saved as models/gcache/<name>.json; <name>.search.json keeps the state."),
                 io.Combo.Input("mode", options=list(MODES), default="background", optional=True,

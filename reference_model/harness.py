@@ -73,11 +73,13 @@ class ReferenceHarness:
                   forecast="reuse", profile: Optional[Profile] = None):
         """evaluate(mask) -> the loss of each seed's image sampled under mask against its full-compute image
         (the search averages them, and compares masks seed by seed). A forecaster with parameters (profile-fitted)
-        fits them to each mask from `profile`."""
+        fits them to each mask from `profile`. evaluate(mask, forecast=name) applies another forecaster (the
+        search's forecaster check)."""
         ref = self.full(seeds)
-        fc = forecasters.get(forecast)
+        own = forecasters.get(forecast)
 
-        def evaluate(mask: Sequence[int]) -> list[float]:
+        def evaluate(mask: Sequence[int], forecast: Optional[str] = None) -> list[float]:
+            fc = own if forecast is None else forecasters.get(forecast)
             params = fc.fit(profile, list(mask)) if profile is not None else {}
             img, _ = self.run(seeds, mask=list(mask), forecast=fc.name, forecast_params=params)
             return [float(objective(img[i:i + 1], ref[i:i + 1])) for i in range(img.shape[0])]

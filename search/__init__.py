@@ -11,6 +11,7 @@
     bilevel.py           the search loop (run_search; run_batch_search with q in flight), SearchResult
     polish.py            the polish stage: local moves of the best mask on the true loss, with a guard on the seeds
     choice.py            which measured mask a search returns (never worse than its best start mask on its loss)
+    forecaster_check.py  the chosen mask under the other profile-fitted forecasters: which one the policy applies
     state.py             the search's resumable state file (SearchState, load_state)
     parallel.py          run_search_parallel and ThreadExecutor: several evaluations in flight
     ray_executor.py      RayExecutor: evaluations on Ray actors (optional extra)

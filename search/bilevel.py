@@ -7,7 +7,8 @@ polish stage of local moves on the true loss.
   every error model, the TeaCache-like mask, the caller's extra masks), the 2^{d+1} start grid, GP-LCB proposals,
   then polish moves (polish.py: first-improvement hill climbing of the best mask so far, a move kept only when both
   halves of the seeds improve). Then the GP is refit on every (s, loss) and s_μ = argmin μ(s) gives one more mask
-  (evaluated if new).
+  (evaluated if new). Last, the forecaster check (forecaster_check.py): the chosen mask under the other
+  profile-fitted forecasters, one evaluation each; one that is better on both halves of the seeds is the policy's.
 - The result (choice.py) is never worse on the search's own loss than its best start mask; a searched mask replaces
   that one only when its gain is beyond NOISE_Z paired standard errors over the seeds or it ends a chain of polish
   moves that held on the seeds they were not chosen on. The Policy says which method won and, when `evaluate`
@@ -39,6 +40,7 @@ from ..core.errors import GCacheError
 from ..core.policy import Policy
 from ..core.profile import Profile
 from ..core.weights import bernstein_w
+from . import forecaster_check
 from .choice import choose, paired_difference
 from .config import SearchConfig
 from .gp import GPLCB, kappa_schedule, start_grid
@@ -116,19 +118,22 @@ def _count(n: int, word: str) -> str:
 def run_search(profile: Profile, config: SearchConfig, evaluate: Callable[[list], Any],
                state_path: Optional[str] = None, progress: Optional[Callable[[dict], None]] = None,
                should_stop: Optional[Callable[[], bool]] = None, provenance: Optional[dict] = None,
-               extra_masks: Sequence[tuple[str, Sequence[int]]] = ()) -> SearchResult:
-    """The sequential search: `evaluate(mask) -> loss` (or per-seed losses) samples under the mask, one at a time.
-    `extra_masks` (name, mask) are measured first too, after the instant ones (e.g. the reuse search's result for a
-    forecast search). See the module docstring."""
+               extra_masks: Sequence[tuple[str, Sequence[int]]] = (), skip_check: Optional[str] = None
+               ) -> SearchResult:
+    """The sequential search: `evaluate(mask) -> loss` (or per-seed losses) samples under the mask, one at a time
+    (`evaluate(mask, forecast=name)` under another forecaster: the forecaster check). `extra_masks` (name, mask) are
+    measured first too, after the instant ones (e.g. the reuse search's result for a forecast search). `skip_check`:
+    why the forecaster check can't run now (said in the log and the policy). See the module docstring."""
     return run_batch_search(profile, config, InProcessExecutor(evaluate), 1, state_path, provenance, extra_masks,
-                            progress, should_stop)
+                            progress, should_stop, skip_check)
 
 
 def run_batch_search(profile: Profile, config: SearchConfig, executor: Executor, q: int = 1,
                      state_path: Optional[str] = None, provenance: Optional[dict] = None,
                      extra_masks: Sequence[tuple[str, Sequence[int]]] = (),
                      progress: Optional[Callable[[dict], None]] = None,
-                     should_stop: Optional[Callable[[], bool]] = None) -> SearchResult:
+                     should_stop: Optional[Callable[[], bool]] = None, skip_check: Optional[str] = None
+                     ) -> SearchResult:
     """The search with up to q evaluations in flight on `executor`. See the module docstring."""
     if not isinstance(profile, Profile):
         raise GCacheError("The search needs a GCache Profile (profile the model first).")
@@ -273,7 +278,10 @@ def run_batch_search(profile: Profile, config: SearchConfig, executor: Executor,
             collect()
         else:
             finish()
-    result, searched_unchecked = _result(state, profile, config)
+    chosen_key = choose(state)[0]["mask"]
+    check = forecaster_check.run(state, profile, config.forecast, config.seed, chosen_key,
+                                 None if skip_check else forecaster_check.evaluate_with(executor), skip_check)
+    result, searched_unchecked = _result(state, profile, config, check)
     log.info("GCache Search: done in %.1f s: mask %s, won by %s (%s), loss %.5g.", time.perf_counter() - t_start,
              result.policy.describe(), result.policy.provenance["won"], result.policy.provenance["chosen"],
              result.policy.metrics["loss"])
@@ -305,15 +313,19 @@ def _method_of(entry: dict) -> str:
                                    "polish": "gcache polish"}.get(entry.get("kind"), "gcache argmin mu")
 
 
-def _result(state: SearchState, profile: Profile, config: SearchConfig) -> tuple[SearchResult, bool]:
-    """The result, and whether a searched mask won without a check of its gain against the seed noise."""
+def _result(state: SearchState, profile: Profile, config: SearchConfig, check: Optional[dict] = None
+            ) -> tuple[SearchResult, bool]:
+    """The result (with the forecaster `check` chose for its mask), and whether a searched mask won without a check of
+    its gain against the seed noise."""
     hist, fin, masks = state.history, state.data["final"], state.masks
     best = state.best()
     chosen, how, unchecked = choose(state)
     won = _method_of(chosen)
     own = instant_name("theory", config.forecast)  # the instant policy of the same forecaster
     theory = next((h for h in hist if h.get("method") == own), None)
-    vs = paired_difference(masks[chosen["mask"]].get("per_seed"), masks[theory["mask"]].get("per_seed")) \
+    fc_name = check["forecaster"] if check else config.forecast
+    measured = check["results"][fc_name] if fc_name != config.forecast else masks[chosen["mask"]]
+    vs = paired_difference(measured.get("per_seed"), masks[theory["mask"]].get("per_seed")) \
         if theory is not None else None
     to_mask = lambda key: [int(c) for c in key]  # noqa: E731
     prov = dict(state.data.get("provenance") or {})
@@ -322,13 +334,20 @@ def _result(state: SearchState, profile: Profile, config: SearchConfig) -> tuple
                  "s_range": [config.s_min, config.s_max], "profile": state.data["profile"], "state": state.search_id,
                  "polish": {"moves": sum(h["kind"] == "polish" for h in hist),
                             "accepted": sum(bool(h.get("accepted")) for h in hist), "guard": state.data["polish"]["guard"]}})
-    metrics = {"loss": chosen["loss"], "objective": config.objective, "mu_loss": fin["loss"], "best_loss": best["loss"]}
+    metrics = {"loss": measured["loss"], "objective": config.objective, "mu_loss": fin["loss"], "best_loss": best["loss"]}
     if theory is not None:
         metrics["instant_loss"] = theory["loss"]
     if vs is not None:
         metrics["loss_minus_instant"] = vs  # paired over seeds: < 0 means the search beat the instant policy
-    prov["forecast"] = {"forecaster": config.forecast, "chosen_by": "search config"}
-    policy = Policy.for_mask(profile, to_mask(chosen["mask"]), config.forecast, method="gcache", provenance=prov,
+    prov["forecast"] = {"forecaster": fc_name,
+                        "chosen_by": "forecaster check" if fc_name != config.forecast else "search config"}
+    if check and (check["results"] or check["skipped"]):
+        prov["forecast"]["check"] = {"searched_with": config.forecast, "loss": masks[chosen["mask"]]["loss"],
+                                     **({"skipped": check["skipped"]} if check["skipped"] else {}),
+                                     **{n: {"loss": r["loss"], "minus_searched": paired_difference(
+                                         r.get("per_seed"), masks[chosen["mask"]].get("per_seed"))}
+                                        for n, r in check["results"].items()}}
+    policy = Policy.for_mask(profile, to_mask(chosen["mask"]), fc_name, method="gcache", provenance=prov,
                              metrics=metrics)
     return SearchResult(policy=policy, best_mask=to_mask(best["mask"]), best_loss=best["loss"],
                         mu_mask=to_mask(fin["mask"]), mu_loss=fin["loss"], s_best=chosen["s"], s_mu=fin["s"],

@@ -124,6 +124,12 @@ def _check(state: dict) -> None:
             isinstance(state["final"], dict) and mask_ok(state["final"].get("mask"))
             and number(state["final"].get("loss")))):
         raise ValueError("bad final entry")
+    checked = state.get("forecasters")  # the forecaster check (forecaster_check.py); absent before it ran
+    if checked is not None and not (isinstance(checked, dict) and mask_ok(checked.get("mask"))
+                                    and isinstance(checked.get("results"), dict)
+                                    and all(isinstance(k, str) and isinstance(r, dict) and number(r.get("loss"))
+                                            for k, r in checked["results"].items())):
+        raise ValueError("bad forecaster check entry")
     if not isinstance(state["fingerprint"], str):
         raise ValueError("bad search id ('fingerprint')")
 

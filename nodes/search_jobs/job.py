@@ -141,13 +141,15 @@ class SearchJob:
         loss_fn = make_objective(self.config.objective)
         fc = forecasters.get(self.config.forecast)
 
-        def evaluate(mask):
-            pol = Policy.for_mask(profile, mask, fc.name, method="search-candidate")
+        def evaluate(mask, forecast=None):  # forecast: another forecaster (the search's forecaster check)
+            pol = Policy.for_mask(profile, mask, forecast or fc.name, method="search-candidate")
             m = hooks.patch_model(self.model, apply_config(self.model, pol, on_mismatch="error"))
             return [loss_fn(self.run(m, s), r) for s, r in zip(self.seeds, refs)]  # per seed: paired comparisons
 
         return run_search(profile, self.config, evaluate, state_path=self.state_path, progress=progress,
-                          should_stop=should_stop, provenance=self.provenance())
+                          should_stop=should_stop, provenance=self.provenance(),
+                          skip_check=None if refs else "the search had finished and this prompt sampled no "
+                                                       "reference images for it")
 
     def finish(self, result: SearchResult, profile: Profile) -> Policy:
         """Saves the policy (and a copy for GCache Apply (auto) of the same model, steps and scheduler)."""

@@ -1,0 +1,136 @@
+"""The search's forecaster check (search/forecaster_check.py): the chosen mask under the other profile-fitted
+forecasters, who is a candidate, the rule (hand-computed cases), the policy it gives, the state file it keeps and a
+resumed search that does not measure again."""
+import json
+import logging
+
+import pytest
+
+from gcache.core.errors import GCacheError
+from gcache.core.policy import Policy
+from gcache.search import forecaster_check
+from gcache.search.bilevel import mask_key, run_search
+from gcache.search.config import SearchConfig
+from gcache.search.forecaster_check import candidates, pick
+from gcache.search.state import load_state
+from test_forecaster_l2p import profile_of, trajectories
+
+CFG = dict(k=5, degree=2, budget=26, seed=1, objective="ssim", n_candidates=256, acq_polish=2, forecast="fitted")
+
+
+@pytest.fixture(scope="module")
+def prof():
+    samples, times = trajectories()
+    return profile_of(samples, times)
+
+
+class Evaluator:
+    """Per-seed losses of two seeds for (mask, forecaster): a fixed function of the mask times the forecaster's factor
+    (the second seed 1.1 times the first, so both halves move together); records every call."""
+
+    def __init__(self, factors):
+        self.factors, self.calls = factors, []
+
+    def __call__(self, mask, forecast=None):
+        self.calls.append((mask_key(mask), forecast))
+        v = (1 + sum(i * m for i, m in enumerate(mask))) / 100.0 * self.factors.get(forecast, 1.0)
+        return [v, 1.1 * v]
+
+
+# ------------------------------------------------------------------------------------------------ the rule
+def test_pick_by_hand():
+    base = {"loss": 1.0, "per_seed": [1.0, 1.0, 1.0, 1.0]}
+    both = {"loss": 0.9, "per_seed": [0.9, 0.9, 0.9, 0.9]}
+    lopsided = {"loss": 0.8, "per_seed": [0.2, 1.0, 1.0, 1.0]}  # the mean falls, at most one half improves
+    noisy = {"loss": 0.95, "per_seed": [0.7, 1.2, 0.7, 1.2]}     # mean gain 0.05, s.e. 0.144
+    worse = {"loss": 1.1, "per_seed": [1.1] * 4}
+    for seed in range(4):  # whatever the split of the seeds into halves
+        assert pick(base, {"a": both}, seed) == "a"
+        assert pick(base, {"a": worse}, seed) is None
+        assert pick(base, {"a": lopsided}, seed) is None  # one seed carries the mean: one half doesn't improve
+        assert pick(base, {"a": lopsided}, seed, "mean") == "a"
+        assert pick(base, {"a": both, "b": {"loss": 0.85, "per_seed": [0.85] * 4}}, seed) == "b"  # the lowest loss
+    assert pick(base, {"a": both}, 0, "noise") == "a"  # gain 0.1, s.e. 0: beyond the noise
+    assert pick(base, {"a": noisy}, 0, "noise") is None and pick(base, {"a": noisy}, 0, "mean") == "a"
+    assert pick(base, {"a": both}, 0, "never") is None
+    assert pick({"loss": 1.0}, {"a": {"loss": 0.99}}, 0) == "a"  # no per-seed losses: the mean decides
+    with pytest.raises(ValueError):
+        pick(base, {"a": both}, 0, "best")
+
+
+def test_candidates_are_the_other_profile_fitted_forecasters(prof):
+    assert candidates(prof, "fitted") == ["l2p"] and candidates(prof, "l2p") == ["fitted"]
+    assert candidates(prof, "linear") == [] and candidates(prof, "reuse") == []  # a fixed rule the user asked for
+    samples, times = trajectories()
+    assert candidates(profile_of(samples, times, forecast=False), "fitted") == []  # l2p can't fit: no Gram statistics
+
+
+# ------------------------------------------------------------------------------------------------ in the search
+def test_a_better_forecaster_on_the_chosen_mask_becomes_the_policys(prof, tmp_path):
+    path = str(tmp_path / "s.json")
+    ev = Evaluator({"l2p": 0.5})
+    res = run_search(prof, SearchConfig(**CFG), ev, state_path=path, provenance={"seeds": [1, 2]})
+    pol = res.policy
+    key = mask_key(pol.mask)
+    assert [c for c in ev.calls if c[1] is not None] == [(key, "l2p")]  # one evaluation, on the chosen mask
+    assert pol.forecast == "l2p" and pol.forecast_params == Policy.for_mask(prof, pol.mask, "l2p").forecast_params
+    own = res.state["masks"][key]["loss"]
+    assert pol.metrics["loss"] == pytest.approx(own * 0.5)
+    check = pol.provenance["forecast"]
+    assert check["chosen_by"] == "forecaster check" and check["check"]["searched_with"] == "fitted"
+    assert check["check"]["l2p"]["minus_searched"]["mean"] == pytest.approx(-own * 0.5)
+    on_disk = load_state(path)["forecasters"]
+    assert on_disk["mask"] == key and on_disk["results"]["l2p"]["per_seed"] == pytest.approx(
+        [v * 0.5 for v in res.state["masks"][key]["per_seed"]])
+    # a search run again on its finished state measures nothing and gives the same policy
+    again = Evaluator({"l2p": 0.5})
+    res2 = run_search(prof, SearchConfig(**CFG), again, state_path=path, provenance={"seeds": [1, 2]})
+    assert again.calls == [] and res2.policy.to_dict() == pol.to_dict()
+
+
+def test_a_worse_forecaster_leaves_the_policy_as_searched(prof):
+    ev = Evaluator({"l2p": 2.0})
+    res = run_search(prof, SearchConfig(**CFG), ev, provenance={"seeds": [1, 2]})
+    pol = res.policy
+    assert pol.forecast == "fitted" and pol.provenance["forecast"]["chosen_by"] == "search config"
+    assert pol.metrics["loss"] == res.state["masks"][mask_key(pol.mask)]["loss"]
+    assert pol.provenance["forecast"]["check"]["l2p"]["loss"] == pytest.approx(2 * pol.metrics["loss"])
+
+
+def test_an_evaluation_that_cant_change_forecaster_says_so(prof, caplog):
+    ev = Evaluator({"l2p": 0.5})
+    with caplog.at_level(logging.INFO, logger="gcache"):
+        res = run_search(prof, SearchConfig(**CFG), lambda mask: ev(mask), provenance={"seeds": [1, 2]})
+    assert res.policy.forecast == "fitted" and all(f is None for _, f in ev.calls)
+    assert "and this one can't; the policy keeps fitted" in res.policy.provenance["forecast"]["check"]["skipped"]
+    assert "forecaster check (l2p on the chosen mask)" in caplog.text
+
+
+def test_a_search_told_to_skip_the_check_says_why(prof):
+    ev = Evaluator({"l2p": 0.5})
+    res = run_search(prof, SearchConfig(**CFG), ev, provenance={"seeds": [1, 2]}, skip_check="no references here")
+    assert res.policy.forecast == "fitted" and all(f is None for _, f in ev.calls)
+    assert "did not run: no references here; the policy keeps fitted" in \
+        res.policy.provenance["forecast"]["check"]["skipped"]
+
+
+def test_a_fixed_rule_search_has_no_check(prof):
+    ev = Evaluator({"l2p": 0.5, "fitted": 0.5})
+    res = run_search(prof, SearchConfig(**dict(CFG, forecast="linear")), ev, provenance={"seeds": [1, 2]})
+    assert res.policy.forecast == "linear" and all(f is None for _, f in ev.calls)
+    assert "check" not in res.policy.provenance["forecast"]
+
+
+def test_a_damaged_check_entry_is_refused(prof, tmp_path):
+    path = tmp_path / "s.json"
+    run_search(prof, SearchConfig(**CFG), Evaluator({}), state_path=str(path), provenance={"seeds": [1, 2]})
+    data = json.loads(path.read_text())
+    for bad in ({"mask": "2" * 10, "results": {}}, {"mask": data["forecasters"]["mask"], "results": {"l2p": {}}},
+                ["l2p"]):
+        path.write_text(json.dumps(dict(data, forecasters=bad)))
+        with pytest.raises(GCacheError, match="damaged"):
+            load_state(str(path))
+
+
+def test_rules_are_what_the_bench_compares():
+    assert forecaster_check.RULE in forecaster_check.RULES
