@@ -298,9 +298,14 @@ def test_a_polish_chain_from_the_fallback_is_kept_within_the_noise_and_a_gp_mask
     masks["R"], masks["H"] = [0.60, 0.61, 0.60, 0.61], [0.70, 0.70, 0.70, 0.70]
     st_ = _state([("instant", "A"), ("gp", "H"), ("polish", "R", "H", False)], masks)
     assert choose(st_)[0]["mask"] == "H"
-    # the same chain ending within one standard error of the fallback (0.4 s.e.) is not enough
+    # the same chain ending within one standard error of the fallback (0.4 s.e.): kept under CHAIN_Z = 0 (a lower
+    # loss), not with chain_z = 1 (one standard error); a chain whose loss is not lower is never kept
     masks["P"] = [0.90, 1.05, 0.92, 1.06]
     st_ = _state([("instant", "A"), ("instant", "B"), ("gp", "G"), ("polish", "P", "A", True)], masks)
+    assert choose(st_)[0]["mask"] == "P" and choose(st_, chain_z=0.3)[0]["mask"] == "P"
+    assert choose(st_, chain_z=0.5)[0]["mask"] == "A" and choose(st_, chain_z=1.0)[0]["mask"] == "A"
+    masks["P"] = [0.90, 1.10, 0.90, 1.10]  # equal to A's mean
+    st_ = _state([("instant", "A"), ("gp", "G"), ("polish", "P", "A", True)], masks)
     assert choose(st_)[0]["mask"] == "A"
     # a chain rooted at the unbelievable G is not believable either
     masks["Q"] = [0.44, 1.39, 0.44, 1.39]

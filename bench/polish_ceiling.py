@@ -1,0 +1,106 @@
+"""How much any polish could gain from the search's mask: the whole one-move neighbourhood, measured.
+
+On the reference model (N = 30, the profile-fitted forecaster, objective 1 − SSIM on the search seeds), for each K the
+search runs without polish (polish_share 0, the given budget and GP seed). Then every mask one polish move away from
+its result (a computed step other than 0 swapped with a skipped one, K kept: (K − 1)(N − K) masks) is measured twice:
+the search's own loss on the search seeds and PSNR on held-out seeds against full compute. Prints, per K:
+
+- the held-out PSNR of the search's mask;
+- the best held-out gain of any neighbour (what an oracle that sees the held-out seeds would get in one move: the
+  ceiling of one polish step);
+- the held-out gain of the neighbour with the lowest search loss, and of the best neighbour that both halves of the
+  seeds accept (polish.improves: the move the polish would keep first if it measured every move);
+- with --climb B, a long polish (the search again at budget B with polish) and its held-out gain: how far chains of
+  moves get.
+
+    python -m gcache.bench.polish_ceiling                      # K = 8, 10; budget 48; ~6 min on one CPU core
+    python -m gcache.bench.polish_ceiling --ks 10 --climb 160
+
+Ends with one JSON line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def main(argv=None, harness_factory=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ks", type=int, nargs="+", default=[8, 10])
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--budget", type=int, default=48)
+    ap.add_argument("--climb", type=int, default=0, help="also run the search with polish at this budget")
+    ap.add_argument("--seed", type=int, default=0, help="the search's GP seed")
+    ap.add_argument("--search-seeds", default="1000-1015")
+    ap.add_argument("--eval-seeds", default="0-15")
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args(argv)
+    import numpy as np
+
+    from ..core import forecasters
+    from ..reference_model.harness import ReferenceHarness
+    from ..search.bilevel import run_search
+    from ..search.cli import parse_seeds, set_threads
+    from ..search.config import SearchConfig
+    from ..search.objectives import make_objective, psnr
+    from ..search.polish import halves, improves, moves
+    set_threads(a.threads)
+    h = harness_factory(a.steps) if harness_factory else ReferenceHarness(a.steps)
+    search_seeds, eval_seeds = parse_seeds(a.search_seeds), parse_seeds(a.eval_seeds)
+    profile = h.profile(search_seeds, forecast=True)
+    fc = forecasters.get("fitted")
+    evaluate = h.evaluator(search_seeds, make_objective("ssim"), forecast=fc.name, profile=profile)
+    ref = h.full(eval_seeds)
+    split = halves(len(search_seeds), a.seed)
+
+    def held_out(key: str) -> float:
+        mask = [int(c) for c in key]
+        img, _ = h.run(eval_seeds, mask, forecast=fc.name, forecast_params=fc.fit(profile, mask))
+        return round(psnr(img, ref), 3)
+
+    def measured(key: str) -> dict:
+        per_seed = [float(v) for v in evaluate([int(c) for c in key])]
+        return {"loss": float(np.mean(per_seed)), "per_seed": per_seed}
+
+    out = {"budget": a.budget, "gp_seed": a.seed, "per_k": {}}
+    for k in a.ks:
+        cfg = dict(k=k, budget=a.budget, seed=a.seed, objective="ssim", forecast=fc.name)
+        base = run_search(profile, SearchConfig(**cfg, polish_share=0.0), evaluate)
+        root = "".join(map(str, base.policy.mask))
+        root_m, root_psnr = measured(root), held_out(root)
+        rows = []
+        for key in moves(root, a.seed):
+            m = measured(key)
+            rows.append({"mask": key, "loss": m["loss"], "accepted": improves(m, root_m, split),
+                         "gain_db": round(held_out(key) - root_psnr, 3)})
+        best = max(rows, key=lambda r: r["gain_db"])
+        lowest = min(rows, key=lambda r: r["loss"])
+        kept = [r for r in rows if r["accepted"]]
+        first = min(kept, key=lambda r: r["loss"]) if kept else None
+        res = {"search_psnr": root_psnr, "search_won": base.policy.provenance["won"], "neighbours": len(rows),
+               "best_neighbour_gain_db": best["gain_db"],
+               "neighbours_gaining_0.5db": sum(r["gain_db"] >= 0.5 for r in rows),
+               "lowest_loss_neighbour_gain_db": lowest["gain_db"],
+               "lowest_loss_minus_search_loss": round(lowest["loss"] - root_m["loss"], 6),
+               "accepted_neighbours": len(kept), "best_accepted_gain_db": first["gain_db"] if first else None}
+        print(f"K = {k}: search (no polish, {base.policy.provenance['won']}) {root_psnr:.2f} dB held-out; "
+              f"{len(rows)} one-move neighbours: best held-out gain {best['gain_db']:+.2f} dB "
+              f"({res['neighbours_gaining_0.5db']} gain ≥ 0.5 dB); lowest-loss neighbour {lowest['gain_db']:+.2f} dB "
+              f"(loss {res['lowest_loss_minus_search_loss']:+.2e}); {len(kept)} accepted by both halves"
+              + (f", the lowest-loss of them {first['gain_db']:+.2f} dB" if first else ""), flush=True)
+        if a.climb:
+            long = run_search(profile, SearchConfig(**{**cfg, "budget": a.climb}), evaluate)
+            key = "".join(map(str, long.policy.mask))
+            res["climb"] = {"budget": a.climb, "gain_db": round(held_out(key) - root_psnr, 3),
+                            "won": long.policy.provenance["won"], "moves": long.policy.provenance["polish"]["moves"],
+                            "accepted": long.policy.provenance["polish"]["accepted"]}
+            print(f"  search at budget {a.climb} with polish: {res['climb']['gain_db']:+.2f} dB held-out "
+                  f"({res['climb']['won']}, {res['climb']['accepted']} of {res['climb']['moves']} moves kept)",
+                  flush=True)
+        out["per_k"][str(k)] = res
+    print(json.dumps(out))
+    return out
+
+
+if __name__ == "__main__":
+    main()
