@@ -5,13 +5,13 @@ polish stage of local moves on the true loss.
 
 - The budget is spent in four phases (SearchConfig.phases): the start masks (starts.py: the instant DP masks of
   every error model, the TeaCache-like mask, the caller's extra masks), the 2^{d+1} start grid, GP-LCB proposals,
-  then polish moves (polish.py: first-improvement hill climbing of the best mask so far, a move kept only when both
-  halves of the seeds improve). Then the GP is refit on every (s, loss) and s_μ = argmin μ(s) gives one more mask
+  then polish moves (polish.py: first-improvement hill climbing of the best mask so far, a move kept only when its
+  paired gain over the seeds passes the polish guard). Then the GP is refit on every (s, loss) and s_μ = argmin μ(s) gives one more mask
   (evaluated if new). Last, the forecaster check (forecaster_check.py): the chosen mask under the other
   profile-fitted forecasters, one evaluation each; one that is better on both halves of the seeds is the policy's.
 - The result (choice.py) is never worse on the search's own loss than its best start mask; a searched mask replaces
   that one only when its gain is beyond NOISE_Z paired standard errors over the seeds or it ends a chain of polish
-  moves that held on the seeds they were not chosen on. The Policy says which method won and, when `evaluate`
+  moves that each passed the polish guard. The Policy says which method won and, when `evaluate`
   returns per-seed losses, the paired difference to the theory-DP instant policy (mean ± s.e. over seeds).
 - One loop, `run_batch_search`, keeps up to q evaluations in flight on an Executor (parallel.ThreadExecutor,
   ray_executor.RayExecutor). A GP proposal made while others are out sees them as observed at the GP's posterior
@@ -45,7 +45,7 @@ from .choice import choose, paired_difference
 from .config import SearchConfig
 from .gp import GPLCB, kappa_schedule, start_grid
 from .instant import bound_on, dp_on, instant_name, propagation_weights
-from .polish import Polish
+from .polish import POLISH_Z, Polish
 from .starts import start_masks
 from .state import SearchState
 
@@ -156,9 +156,13 @@ def run_batch_search(profile: Profile, config: SearchConfig, executor: Executor,
     gp = GPLCB(config.degree + 1, config.s_min, config.s_max, config.seed, config.n_candidates, config.acq_polish,
                config.warm_maxiter, config.cold_every)
     _, _, n_gp, n_local = config.phases(len(starts))
+    started = state.data["polish"]["guard"]
+    if started in ("halves", "z") and started != config.polish_guard:
+        log.info("GCache Search: this search started polishing with the %r guard and keeps it (polish_guard %r is "
+                 "for new searches).", started, config.polish_guard)
     w_theory = propagation_weights(profile, "theory")
     polish = Polish(state, config.seed, None if config.polish_order == "seeded" else
-                    lambda key: bound_on(errors, w_theory, [int(c) for c in key]))
+                    lambda key: bound_on(errors, w_theory, [int(c) for c in key]), config.polish_guard)
 
     def mask_for(s) -> tuple[list, float]:
         return dp_on(errors, bernstein_w(times, s), config.k)
@@ -296,6 +300,9 @@ def _log_polish_start(state: SearchState, n_local: int) -> None:
     if pol["guard"] == "halves":
         log.info("GCache Search: polish: %d local moves from %s; a move is kept only when both halves of the seeds "
                  "improve.", n_local, pol["incumbent"])
+    elif pol["guard"] == "z":
+        log.info("GCache Search: polish: %d local moves from %s; a move is kept only when its gain over the seeds is "
+                 "beyond %.3g paired standard errors.", n_local, pol["incumbent"], POLISH_Z)
     else:
         log.info("GCache Search: polish: %d local moves from %s; no per-seed losses for two or more seeds, so a move "
                  "is kept whenever the loss falls (no check against overfitting the search's seeds: use 2+ seeds "

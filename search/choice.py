@@ -5,14 +5,14 @@ The rule, on the search's own loss (the mean over its seeds):
   extra masks). The search never returns a mask whose loss is above it.
 - A searched mask with a lower loss replaces it only when its gain is believable: beyond NOISE_Z paired standard
   errors over the seeds (it was the minimum of many noisy means, so a gain within the noise is likely luck), or
-  because it ends a chain of accepted polish moves (each kept only because the half of the seeds it was not chosen
-  on agreed, polish.py) that starts at the fallback or at a mask that is itself believable, and beats the fallback
+  because it ends a chain of accepted polish moves (each kept by the polish guard, a paired gain over the seeds,
+  polish.py) that starts at the fallback or at a mask that is itself believable, and beats the fallback
   by CHAIN_Z paired standard errors (0: any lower loss). The lowest-loss believable one is returned. (Measured on the
   reference model, bench/polish_choice.py in bench/RESULTS.md: with the start masks of four error models, CHAIN_Z = 0
   chose as well as 1 in all 30 searches at budgets 48 and 64 and better in 4, by +0.35 to +1.12 dB held-out at K = 10
   and 15 of 30, from chains 0.59-0.99 standard errors ahead; the earlier 1, set when such chains lost 0.99 dB at
-  K = 20 with the older start masks, threw those away.) A polish move that was not accepted is no candidate: the half of the seeds it was not
-  chosen on said it is worse than its parent (measured: choosing such moves when they beat the fallback by the
+  K = 20 with the older start masks, threw those away.) A polish move that was not accepted is no candidate: the polish guard found it no
+  better than its parent (measured, under the halves guard: choosing such moves when they beat the fallback by the
   noise margin lost 1.3 dB held-out at K = 10 of 30 on the reference model).
 - Without per-seed losses of 2+ seeds nothing can be checked: the lowest loss wins ("unchecked", and the log says so).
 
@@ -74,7 +74,7 @@ def choose(state: SearchState, chain_z: float = CHAIN_Z) -> tuple[Optional[dict]
             return parent is not None and parent["loss"] <= fallback["loss"] and bool(believable(parent, depth + 1))
         return False
 
-    # a polish move that was not accepted failed the seeds it was not chosen on against its parent: never a candidate
+    # a polish move that was not accepted failed the polish guard against its parent: never a candidate
     pool = [e for e in state.history if not (e["kind"] == "polish" and not e.get("accepted"))] + ([fin] if fin else [])
     better = sorted((e for e in pool if e["loss"] < fallback["loss"]), key=lambda e: (e["loss"], e.get("i", math.inf)))
     for e in better:

@@ -18,6 +18,11 @@ SEARCH_MAX_DEGREE = 4  # GP dimension d + 1 ≤ 5 and a 2^(d+1) start grid (core
 # gets the rest). Measured on the reference model (bench/polish_split.py, bench/RESULTS.md 2026-11-27).
 POLISH_SHARE = 0.5
 POLISH_ORDERS = ("bound", "seeded")
+POLISH_GUARDS = ("halves", "z")  # polish.py GUARDS (config stays importable without numpy's search modules)
+# Which polish moves are kept: measured on the reference model (bench/polish_guard.py, bench/RESULTS.md 2026-11-27),
+# "z" was better than "halves" in 11 and worse in 2 of 30 searches. A search keeps the guard it started polishing with
+# (state.data["polish"]["guard"]), so the guard is no part of a search's identity: state files made before it resume.
+POLISH_GUARD = "z"
 
 
 @dataclass
@@ -37,6 +42,7 @@ class SearchConfig:
     forecast: str = "reuse"  # the forecaster masks are applied with (evaluate must apply it); its DP picks them
     polish_share: float = POLISH_SHARE  # of the evaluations after the starts and the grid: local moves (polish.py)
     polish_order: str = "bound"  # which moves of a ring first: the lowest DP bound ("bound") or a seeded order
+    polish_guard: str = POLISH_GUARD  # which polish moves are kept (polish.py GUARDS); not part of the identity
 
     def __post_init__(self):
         self.forecast = forecasters.canonical(self.forecast)  # old callers pass an order 0/1/2
@@ -67,6 +73,9 @@ class SearchConfig:
         if self.polish_order not in POLISH_ORDERS:
             raise GCacheError(f"polish_order must be one of {', '.join(map(repr, POLISH_ORDERS))}, got "
                               f"{self.polish_order!r}.")
+        if self.polish_guard not in POLISH_GUARDS:
+            raise GCacheError(f"polish_guard must be one of {', '.join(map(repr, POLISH_GUARDS))}, got "
+                              f"{self.polish_guard!r}.")
         if not (isinstance(self.polish_share, (int, float)) and 0.0 <= self.polish_share < 1.0):
             raise GCacheError(f"polish_share is the part of the budget after the start masks and the start grid that "
                               f"goes to local moves, in [0, 1) (the GP needs at least one proposal), got "
@@ -87,4 +96,5 @@ class SearchConfig:
         """What makes two searches the same search: everything but the budget (a larger budget continues it)."""
         d = asdict(self)
         d.pop("budget")
+        d.pop("polish_guard")  # a resumed search keeps the guard it polishes with (state.data["polish"]["guard"])
         return d

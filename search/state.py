@@ -113,7 +113,7 @@ def _check(state: dict) -> None:
     pol = state["polish"]
     if not (isinstance(pol, dict) and (pol["incumbent"] is None or mask_ok(pol["incumbent"]))
             and isinstance(pol["roots"], list) and all(mask_ok(r) for r in pol["roots"])
-            and pol["guard"] in (None, "halves", "mean")):
+            and pol["guard"] in (None, "halves", "z", "mean")):
         raise ValueError("bad polish entry")
     if not (isinstance(state["starts"], list) and all(isinstance(v, str) for v in state["starts"])):
         raise ValueError("bad start mask names")
@@ -139,6 +139,7 @@ def _config_differences(state: dict, config: "SearchConfig", provenance: dict) -
     aside). Forecasters compare by name: a state file may hold an order (0/1/2), the config a name."""
     old_cfg, new_cfg = dict(state.get("config") or {}), config.identity()
     old_cfg.pop("budget", None)  # a larger budget continues a search
+    old_cfg.pop("polish_guard", None)  # no part of the identity (config.identity)
     for cfg in (old_cfg, new_cfg):
         if "forecast" in cfg:
             cfg["forecast"] = _forecaster_name(cfg["forecast"])

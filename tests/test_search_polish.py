@@ -1,5 +1,6 @@
 """The polish stage (local moves on the true loss), the final choice, and the start masks of several error models."""
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -21,7 +22,7 @@ from gcache.search.choice import choose
 from gcache.search.config import SearchConfig
 from gcache.search.instant import instant_policy
 from gcache.search.parallel import ThreadExecutor, run_search_parallel
-from gcache.search.polish import halves, improves, moves
+from gcache.search.polish import GUARDS, POLISH_Z, beyond_z, halves, improves, moves
 from gcache.search.starts import start_count, start_masks
 from gcache.search.state import SearchState, load_state
 from test_search_bilevel import CFG, Evaluator, make_profile
@@ -79,6 +80,76 @@ def test_a_move_is_accepted_only_when_both_halves_improve():
     assert improves({"loss": 0.5}, {"loss": 0.6}, split)  # no per-seed losses: the mean loss decides
 
 
+def test_the_z_guard_by_hand():
+    old = {"loss": 1.0, "per_seed": [1.0, 1.0, 1.0, 1.0]}
+    # d = [-0.4, 0.1, -0.4, 0.1]: mean -0.15, sample s.d. 0.2887, s.e. 0.1443: 1.039 standard errors
+    assert beyond_z({"loss": 0.85, "per_seed": [0.6, 1.1, 0.6, 1.1]}, old)
+    assert not beyond_z({"loss": 0.85, "per_seed": [0.6, 1.1, 0.6, 1.1]}, old, z=1.05)
+    # d = [-0.5, 0.2, -0.5, 0.2]: mean -0.15, s.e. 0.2021: 0.742 — beyond 0.674, not 0.75
+    lopsided = {"loss": 0.85, "per_seed": [0.5, 1.2, 0.5, 1.2]}
+    assert beyond_z(lopsided, old) and not beyond_z(lopsided, old, z=0.75)
+    # d = [-0.7, 0.3, -0.7, 0.3]: mean -0.2, s.e. 0.2887: 0.693; d = [-0.9, 0.5, -0.9, 0.5]: 0.5
+    assert beyond_z({"loss": 0.8, "per_seed": [0.3, 1.3, 0.3, 1.3]}, old)
+    assert not beyond_z({"loss": 0.8, "per_seed": [0.1, 1.5, 0.1, 1.5]}, old)
+    assert beyond_z({"loss": 0.9, "per_seed": [0.9] * 4}, old)  # the same gain on every seed: s.e. 0
+    assert not beyond_z({"loss": 1.0, "per_seed": [1.0] * 4}, old) and not beyond_z({"loss": 1.1, "per_seed": [1.1] * 4}, old)
+    assert beyond_z({"loss": 0.5}, {"loss": 0.6}) and not beyond_z({"loss": 0.7}, {"loss": 0.6})  # the mean decides
+    assert GUARDS == ("halves", "z") and POLISH_Z == pytest.approx(0.6745, abs=1e-3)  # the normal's 75 % point
+
+
+def test_under_the_z_guard_a_null_move_passes_one_time_in_four():
+    """Per-seed differences that are pure noise: the z guard passes about 1 in 4 of them, as both halves do (each
+    half's mean falls with probability 1/2)."""
+    rng = np.random.default_rng(0)
+    old = {"loss": 1.0, "per_seed": [1.0] * 16}
+    z_pass = halves_pass = 0
+    split = halves(16, 0)
+    for _ in range(4000):
+        per_seed = list(1.0 + rng.standard_normal(16) * 0.1)
+        new = {"loss": float(np.mean(per_seed)), "per_seed": per_seed}
+        z_pass += beyond_z(new, old)
+        halves_pass += improves(new, old, split)
+    assert abs(z_pass / 4000 - 0.25) < 0.03 and abs(halves_pass / 4000 - 0.25) < 0.03
+
+
+@pytest.mark.parametrize("guard", ["halves", "z"])
+def test_the_guard_of_a_search_decides_which_moves_are_kept(guard):
+    prof = make_profile()
+    rng = np.random.default_rng(1)  # a draw where the guards disagree on a move
+
+    def evaluate(mask):  # 6 seeds, noisy around the hidden bound
+        v = Evaluator(prof)(mask)
+        return list(v * (0.2 + 2.0 * rng.random(6)))
+    res = run_search(prof, SearchConfig(**dict(POLISHED, polish_guard=guard)), evaluate)
+    assert res.state["polish"]["guard"] == guard
+    moves_ = [h for h in res.history if h["kind"] == "polish"]
+    differ = 0
+    for h in moves_:  # one in flight: every move's parent is the incumbent when it comes back
+        new, old = res.state["masks"][h["mask"]], res.state["masks"][h["parent"]]
+        z_says, halves_say = beyond_z(new, old), improves(new, old, halves(6, CFG["seed"]))
+        assert h["accepted"] == (z_says if guard == "z" else halves_say)
+        differ += z_says != halves_say
+    assert moves_ and differ  # the two guards disagree on some move here, so the guard in force is the one tested
+
+
+def test_the_guard_is_no_part_of_the_search_identity_and_a_resumed_search_keeps_its_own(tmp_path, caplog):
+    halves_cfg, z_cfg = SearchConfig(**dict(POLISHED, polish_guard="halves")), SearchConfig(**POLISHED)
+    assert z_cfg.polish_guard == "z" and halves_cfg.identity() == z_cfg.identity()
+    assert "polish_guard" not in z_cfg.identity()
+    with pytest.raises(GCacheError, match="polish_guard"):
+        SearchConfig(**dict(POLISHED, polish_guard="both")).validate(14)
+    # a search that started polishing under "halves" (a state file from before the z guard) keeps it, and says so
+    prof = make_profile()
+    path = str(tmp_path / "s.json")
+    first = run_search(prof, halves_cfg, seeded(prof), state_path=path)
+    assert first.state["polish"]["guard"] == "halves"
+    with caplog.at_level(logging.INFO, logger="gcache"):
+        again = run_search(prof, SearchConfig(**dict(POLISHED, budget=POLISHED["budget"] + 4)), seeded(prof),
+                           state_path=path)
+    assert again.state["polish"]["guard"] == "halves" and len(again.history) == POLISHED["budget"] + 4
+    assert "started polishing with the 'halves' guard and keeps it" in caplog.text
+
+
 # ------------------------------------------------------------------------------------------------ the stage
 def test_polish_moves_have_parents_keep_k_and_follow_the_incumbent():
     prof = make_profile()
@@ -95,13 +166,14 @@ def test_polish_moves_have_parents_keep_k_and_follow_the_incumbent():
             if inc is None:  # the first climb starts from the best mask measured before it
                 inc = min((e for e in hist if e["i"] < h["i"]), key=lambda e: (e["loss"], e["i"]))["mask"]
             assert h["parent"] == inc
-            a, b = halves(2, CFG["seed"])
             new, old = res.state["masks"][h["mask"]]["per_seed"], res.state["masks"][inc]["per_seed"]
-            assert h["accepted"] == (new[a[0]] < old[a[0]] and new[b[0]] < old[b[0]])  # recomputed by hand
+            # the z guard, by hand: two seeds whose differences are d and 1.1·d have a paired gain of 21 standard
+            # errors, so a move is kept exactly when it lowers both seeds' losses
+            assert h["accepted"] == (new[0] < old[0] and new[1] < old[1])
             if h["accepted"]:
                 inc = h["mask"]
         seen.add(h["mask"])
-    assert res.state["polish"]["guard"] == "halves" and res.state["polish"]["incumbent"] == inc
+    assert res.state["polish"]["guard"] == "z" and res.state["polish"]["incumbent"] == inc
     assert res.policy.provenance["polish"]["moves"] == 6
 
 
