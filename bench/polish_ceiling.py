@@ -23,40 +23,25 @@ from __future__ import annotations
 import argparse
 import json
 
+from .search_setup import FittedSetup, add_arguments
+
 
 def main(argv=None, harness_factory=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ks", type=int, nargs="+", default=[8, 10])
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--budget", type=int, default=48)
+    add_arguments(ap, ks=(8, 10), gp_seeds=None)
     ap.add_argument("--climb", type=int, default=0, help="also run the search with polish at this budget")
     ap.add_argument("--seed", type=int, default=0, help="the search's GP seed")
-    ap.add_argument("--search-seeds", default="1000-1015")
-    ap.add_argument("--eval-seeds", default="0-15")
-    ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args(argv)
     import numpy as np
 
     from ..core import forecasters
-    from ..reference_model.harness import ReferenceHarness
     from ..search.bilevel import run_search
-    from ..search.cli import parse_seeds, set_threads
     from ..search.config import SearchConfig
-    from ..search.objectives import make_objective, psnr
     from ..search.polish import halves, improves, moves
-    set_threads(a.threads)
-    h = harness_factory(a.steps) if harness_factory else ReferenceHarness(a.steps)
-    search_seeds, eval_seeds = parse_seeds(a.search_seeds), parse_seeds(a.eval_seeds)
-    profile = h.profile(search_seeds, forecast=True)
+    setup = FittedSetup(a, harness_factory)
+    profile, evaluate, held_out = setup.profile, setup.evaluate, setup.held_out
     fc = forecasters.get("fitted")
-    evaluate = h.evaluator(search_seeds, make_objective("ssim"), forecast=fc.name, profile=profile)
-    ref = h.full(eval_seeds)
-    split = halves(len(search_seeds), a.seed)
-
-    def held_out(key: str) -> float:
-        mask = [int(c) for c in key]
-        img, _ = h.run(eval_seeds, mask, forecast=fc.name, forecast_params=fc.fit(profile, mask))
-        return round(psnr(img, ref), 3)
+    split = halves(len(setup.search_seeds), a.seed)
 
     def measured(key: str) -> dict:
         per_seed = [float(v) for v in evaluate([int(c) for c in key])]

@@ -17,35 +17,21 @@ import argparse
 import json
 import statistics
 
+from .search_setup import FittedSetup, add_arguments
+
 
 def main(argv=None, harness_factory=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--ks", type=int, nargs="+", default=[6, 8, 10, 15, 20])
-    ap.add_argument("--budget", type=int, default=48)
-    ap.add_argument("--gp-seeds", default="0-2")
-    ap.add_argument("--search-seeds", default="1000-1015")
-    ap.add_argument("--eval-seeds", default="0-15")
-    ap.add_argument("--threads", type=int, default=1)
+    add_arguments(ap)
     a = ap.parse_args(argv)
-    from ..core import forecasters
-    from ..reference_model.harness import ReferenceHarness
     from ..search.bilevel import run_search
-    from ..search.cli import parse_seeds, set_threads
     from ..search.config import SearchConfig
-    from ..search.objectives import make_objective, psnr
     from ..search.polish import GUARDS
-    set_threads(a.threads)
-    h = harness_factory(a.steps) if harness_factory else ReferenceHarness(a.steps)
-    search_seeds, eval_seeds, gp_seeds = parse_seeds(a.search_seeds), parse_seeds(a.eval_seeds), parse_seeds(a.gp_seeds)
-    profile = h.profile(search_seeds, forecast=True)
-    evaluate = h.evaluator(search_seeds, make_objective("ssim"), forecast="fitted", profile=profile)
-    ref = h.full(eval_seeds)
+    setup = FittedSetup(a, harness_factory)
+    profile, evaluate, gp_seeds = setup.profile, setup.evaluate, setup.gp_seeds
 
-    def held_out(pol) -> float:
-        fc = forecasters.get(pol.forecast)
-        img, _ = h.run(eval_seeds, pol.mask, forecast=fc.name, forecast_params=pol.forecast_params)
-        return round(psnr(img, ref), 3)
+    def held_out(pol) -> float:  # under the policy's own forecaster and parameters
+        return setup.held_out(pol.mask, pol.forecast, pol.forecast_params)
 
     runs = []
     for k in a.ks:

@@ -1,0 +1,49 @@
+"""What the search benches (forecaster_check.py, polish_guard.py, polish_ceiling.py) share: their common arguments,
+and their setup on the reference model — a profile of the search seeds with forecast statistics, evaluate(mask)
+under the fitted forecaster with the objective 1 − SSIM, and the held-out PSNR of a mask under a forecaster.
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Optional, Sequence
+
+
+def add_arguments(ap: argparse.ArgumentParser, ks: Sequence[int] = (6, 8, 10, 15, 20), budget: int = 48,
+                  gp_seeds: Optional[str] = "0-2") -> None:
+    """--steps, --ks, --budget, --gp-seeds (unless None), --search-seeds, --eval-seeds, --threads."""
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--ks", type=int, nargs="+", default=list(ks))
+    ap.add_argument("--budget", type=int, default=budget)
+    if gp_seeds is not None:
+        ap.add_argument("--gp-seeds", default=gp_seeds)
+    ap.add_argument("--search-seeds", default="1000-1015")
+    ap.add_argument("--eval-seeds", default="0-15")
+    ap.add_argument("--threads", type=int, default=1)
+
+
+class FittedSetup:
+    """The reference model (or `harness_factory(steps)`'s), profiled on the search seeds; `evaluate` is the fitted
+    search's evaluation; `held_out(mask, forecaster)` the PSNR in dB (3 decimals) on the held-out seeds."""
+
+    def __init__(self, a: argparse.Namespace, harness_factory=None):
+        from ..reference_model.harness import ReferenceHarness
+        from ..search.cli import parse_seeds, set_threads
+        from ..search.objectives import make_objective
+        set_threads(a.threads)
+        self.h = harness_factory(a.steps) if harness_factory else ReferenceHarness(a.steps)
+        self.search_seeds, self.eval_seeds = parse_seeds(a.search_seeds), parse_seeds(a.eval_seeds)
+        self.gp_seeds = parse_seeds(a.gp_seeds) if getattr(a, "gp_seeds", None) else []
+        self.profile = self.h.profile(self.search_seeds, forecast=True)
+        self.evaluate = self.h.evaluator(self.search_seeds, make_objective("ssim"), forecast="fitted",
+                                         profile=self.profile)
+        self.ref = self.h.full(self.eval_seeds)
+
+    def held_out(self, mask: Sequence[int], forecaster: str = "fitted", params: Optional[dict] = None) -> float:
+        """`params` None: fitted to the mask from the profile."""
+        from ..core import forecasters
+        from ..search.objectives import psnr
+        fc = forecasters.get(forecaster)
+        mask = [int(c) for c in mask]
+        img, _ = self.h.run(self.eval_seeds, mask, forecast=fc.name,
+                            forecast_params=fc.fit(self.profile, mask) if params is None else params)
+        return round(psnr(img, self.ref), 3)
