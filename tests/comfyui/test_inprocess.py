@@ -153,6 +153,35 @@ def test_search_finishes_tiny_budget_and_resumes_after_interrupt(built, gcache_d
     assert calls["n"] - (-100) == 1 + len(state["masks"]) - 1  # resumed: the earlier mask is not sampled again
 
 
+def test_a_fitted_search_checks_l2p_on_its_mask_in_comfyui(built, gcache_dir, caplog):
+    """GCache Search with the profile-fitted forecaster: its reference runs record the forecast statistics, the
+    search's evaluate applies l2p on the chosen mask too (the forecaster check), the saved policy takes the better one,
+    and GCache Apply runs the saved policy."""
+    import json
+    from gcache_test_pack import FakeVAE
+    m, pos, neg, lat = built["flux"]
+    args = (m, pos, neg, {"samples": lat}, FakeVAE(), 0, 2, 8, 1.0, "euler", "simple", 3, 14, 1, "ssim", "fc1", None,
+            "fitted (profile)")
+    with caplog.at_level("INFO", logger="gcache"):
+        policy = GCacheSearch.execute(*args).result[0]
+    state = json.loads((gcache_dir / "fc1.search.json").read_text())
+    key = "".join(map(str, policy.mask))
+    checked = state["forecasters"]
+    assert state["done"] and checked["mask"] == key and set(checked["results"]) == {"l2p"}
+    fitted_loss, l2p = state["masks"][key]["loss"], checked["results"]["l2p"]
+    assert len(l2p["per_seed"]) == 2 and "forecaster check on the chosen mask: l2p loss" in caplog.text
+    assert "8 steps; forecast l2p, 4 residuals kept per branch" in caplog.text  # the check sampled under l2p
+    assert policy.forecast in ("fitted", "l2p") and (policy.forecast == "l2p") == (
+        all(a < b for a, b in zip(l2p["per_seed"], state["masks"][key]["per_seed"])))  # two seeds: z = halves
+    assert policy.metrics["loss"] == (l2p["loss"] if policy.forecast == "l2p" else fitted_loss)
+    saved = Policy.load(str(gcache_dir / "fc1.json"))
+    assert saved.forecast == policy.forecast and saved.forecast_params == policy.forecast_params
+    folder_paths.filename_list_cache.clear()
+    with BlockCounter(m, "flux") as c:
+        ksample(GCacheApply.execute(m, "fc1.json", "cpu", "remap").result[0], pos, neg, lat, steps=8)
+    assert len(c.batches) == 3
+
+
 def test_conds_in_separate_calls_keep_separate_caches(built, monkeypatch):
     """ConditioningCombine of two prompts with different token lengths: ComfyUI runs them in separate model
     calls; each must reuse its own residual on skipped steps, not the other prompt's."""
