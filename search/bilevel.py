@@ -6,9 +6,10 @@ polish stage of local moves on the true loss.
 - The budget is spent in four phases (SearchConfig.phases): the start masks (starts.py: the instant DP masks of
   every error model, the TeaCache-like mask, the caller's extra masks), the 2^{d+1} start grid, GP-LCB proposals,
   then polish moves (polish.py: first-improvement hill climbing of the best mask so far, a move kept only when its
-  paired gain over the seeds passes the polish guard). Then the GP is refit on every (s, loss) and s_μ = argmin μ(s) gives one more mask
-  (evaluated if new). Last, the forecaster check (forecaster_check.py): the chosen mask under the other
-  profile-fitted forecasters, one evaluation each; one that is better on both halves of the seeds is the policy's.
+  paired gain over the seeds passes the polish guard). Then the GP is refit on every (s, loss) and s_μ = argmin μ(s)
+  gives one more mask (evaluated if new). Last, the forecaster check (forecaster_check.py): the chosen mask under
+  the other profile-fitted forecasters, one evaluation each; one that is better on both halves of the seeds is the
+  policy's.
 - The result (choice.py) is never worse on the search's own loss than its best start mask; a searched mask replaces
   that one only when its gain is beyond NOISE_Z paired standard errors over the seeds or it ends a chain of polish
   moves that each passed the polish guard. The Policy says which method won and, when `evaluate`

@@ -11,9 +11,9 @@ The rule, on the search's own loss (the mean over its seeds):
   reference model, bench/polish_choice.py in bench/RESULTS.md: with the start masks of four error models, CHAIN_Z = 0
   chose as well as 1 in all 30 searches at budgets 48 and 64 and better in 4, by +0.35 to +1.12 dB held-out at K = 10
   and 15 of 30, from chains 0.59-0.99 standard errors ahead; the earlier 1, set when such chains lost 0.99 dB at
-  K = 20 with the older start masks, threw those away.) A polish move that was not accepted is no candidate: the polish guard found it no
-  better than its parent (measured, under the halves guard: choosing such moves when they beat the fallback by the
-  noise margin lost 1.3 dB held-out at K = 10 of 30 on the reference model).
+  K = 20 with the older start masks, threw those away.) A polish move that was not accepted is no candidate: the
+  polish guard found it no better than its parent (measured, under the halves guard: choosing such moves when they
+  beat the fallback by the noise margin lost 1.3 dB held-out at K = 10 of 30 on the reference model).
 - Without per-seed losses of 2+ seeds nothing can be checked: the lowest loss wins ("unchecked", and the log says so).
 
 Why the fallback is the best start on the search's own samples and not a fixed one (say the theory DP policy): a

@@ -12,7 +12,7 @@ l2p forecaster on the profile-fitted search's mask scored above the search itsel
   results are kept in the state file (data["forecasters"], with the mask they were measured on), so a resumed search
   does not measure them again.
 - Rule (RULE): a candidate replaces the search's forecaster when it lowers the mean loss on both fixed halves of the
-  seeds (polish.improves, the guard of a polish move); without per-seed losses of 2+ seeds, when it lowers the mean
+  seeds (polish.improves, the polish's "halves" guard); without per-seed losses of 2+ seeds, when it lowers the mean
   loss. Of several, the lowest mean loss. Measured against the other rules by bench/forecaster_check.py.
 - Where the evaluation can't apply another forecaster (its evaluate has no `forecast` argument: Ray actors, ComfyUI
   workers) the check is skipped and the log says so.
@@ -118,7 +118,8 @@ def run(state: SearchState, profile: Profile, forecast: str, seed: int, key: str
         own = forecasters.get(forecast).name
         log.info("GCache Search: forecaster check on the chosen mask: %s; %s.", ", ".join(
             f"{n} loss {r['loss']:.5g}" for n, r in results.items()) + f" ({own}: {state.masks[key]['loss']:.5g})",
-            f"{winner} replaces {own} ({'lower on both halves of the seeds' if state.masks[key].get('per_seed') else 'lower loss'})"
-            if winner else f"{own} stays")
+            f"{winner} replaces {own} (lower "
+            f"{'on both halves of the seeds' if state.masks[key].get('per_seed') else 'loss'})" if winner else
+            f"{own} stays")
     return {"mask": key, "results": results, "forecaster": winner or forecasters.get(forecast).name,
             "skipped": skipped}
