@@ -1,12 +1,15 @@
 """The profile recorder's cost per recorded step, this tree's against another revision's, side by side.
 
     python -m gcache.bench.recorder --against <git revision> [--steps 16] [--elems 65536 1048576] [--repeats 7]
+    python -m gcache.bench.recorder --against <git revision> --ops   # the torch operations each runs, counted
     python -m gcache.bench.recorder --kernels     # bfloat16 rows − float32 δ: in the kernel vs converted first
 
 Each case records N steps of one branch (random δ and h of `elems` elements) with ProfileRecorder from this tree
 and from core/ at the given revision (its whole folder, loaded from git as a package of its own: the recorder, its
 statistics and the profile as they were then), variants interleaved and shuffled every repetition. Prints
-per-step milliseconds (medians) and the ratio new/old (median of per-repetition ratios). The recorder's
+per-step milliseconds (medians) and the ratio new/old (median of per-repetition ratios). On a shared machine those
+move by tens of percent from run to run; `--ops` counts the torch operations each recorder runs for the same
+residuals instead (torch.profiler, one run per case), which timing noise doesn't move. The recorder's
 temporaries' peak is not measured: on the CPU the largest single allocation seen is not observable, so the memory
 model is stated in core/recorder.py instead.
 """
@@ -66,6 +69,27 @@ def record_run(mod, n: int, hs, ds, forecast: bool) -> float:
     return dt / n
 
 
+def op_counts(mod, n: int, hs, ds, forecast: bool) -> dict:
+    """How many times each torch operation ran while `mod`'s recorder recorded the run (finish() included)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        record_run(mod, n, hs, ds, forecast)
+    counts: dict = {}
+    for e in prof.events():
+        counts[e.name] = counts.get(e.name, 0) + 1
+    return counts
+
+
+def ops_row(elems: int, dtype, forecast: bool, old: dict, new: dict) -> dict:
+    """The two recorders' operation counts side by side (printed), and the operations whose counts differ."""
+    diff = {op: (old.get(op, 0), new.get(op, 0)) for op in sorted(set(old) | set(new)) if old.get(op, 0) != new.get(op, 0)}
+    row = {"elems": elems, "dtype": str(dtype).replace("torch.", ""), "forecast": forecast,
+           "old_ops": sum(old.values()), "new_ops": sum(new.values()), "differ": diff}
+    print(f"m={elems:8d} {row['dtype']:8s} forecast={forecast!s:5s}: old {row['old_ops']} torch operations, new "
+          f"{row['new_ops']}; differing counts (old, new): {diff or 'none'}", flush=True)
+    return row
+
+
 def kernels(repeats: int, device: str = "cpu") -> None:
     """The subtraction of core/recorder.py's CONVERT_FIRST choice, side by side: bfloat16 rows − a float32 δ by type
     promotion inside the kernel, converted to float32 first, and bfloat16 − bfloat16 (the old, rounded one)."""
@@ -99,6 +123,7 @@ def main(argv=None):
     ap.add_argument("--elems", type=int, nargs="+", default=[1 << 16, 1 << 20])
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--ops", action="store_true", help="count the torch operations of each recorder instead of timing")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     if a.kernels:
@@ -117,6 +142,10 @@ def main(argv=None):
                 ds = [torch.randn(1, elems // 64, 64, generator=g).to(dtype) for _ in range(a.steps)]
                 hs = [torch.randn(1, elems // 64, 64, generator=g).to(dtype) for _ in range(a.steps)]
                 variants = {"old": old, "new": current}
+                if a.ops:
+                    c = {k: op_counts(mod, a.steps, hs, ds, forecast) for k, mod in variants.items()}
+                    rows.append(ops_row(elems, dtype, forecast, c["old"], c["new"]))
+                    continue
                 for mod in variants.values():  # warm-up
                     record_run(mod, a.steps, hs, ds, forecast)
                 t = {k: [] for k in variants}

@@ -34,3 +34,12 @@ def test_core_at_head_records_what_this_tree_records():
     assert (profiles[0].E == profiles[1].E).all() and profiles[0].E.shape == (5, 5)
     for name in ("e1_sum", "fit_sq_sum", "fit_cross_sum", "gram_sum"):
         assert np.array_equal(getattr(profiles[0], name), getattr(profiles[1], name)), name
+    # --ops: the same operations, counted by the profiler
+    small = ([h[:, :8] for h in hs], [d[:, :8] for d in ds])
+    assert bench.op_counts(old, 5, *small, True) == bench.op_counts(current, 5, *small, True)
+
+
+def test_ops_row_lists_the_operations_whose_counts_differ(capsys):
+    row = bench.ops_row(64, torch.bfloat16, True, {"aten::sub": 3, "aten::abs": 2}, {"aten::sub": 3, "aten::mul": 1})
+    assert row["differ"] == {"aten::abs": (2, 0), "aten::mul": (0, 1)} and (row["old_ops"], row["new_ops"]) == (5, 4)
+    assert "bfloat16" in capsys.readouterr().out
