@@ -16,7 +16,7 @@ registered from anywhere else before the run (a forecaster defined outside GCach
     (each hook is optional; `acc` is {file name: float64 zeros of the tensor's shape on δ's device} for one sample,
     into which the hook writes its entries)
 
-register() gives these their default (DEFAULTS) when a statistic doesn't set them:
+register() fills these in when a statistic doesn't set them:
 
     order       where its hooks run within a pass (lower first; below)
     merge       (a, b) -> the sum of two samples' or profiles' arrays of one tensor (a + b)
@@ -93,7 +93,7 @@ _LOADED = False
 
 
 def register(stat: ProfileStatistic) -> ProfileStatistic:
-    """Adds a statistic (after filling in DEFAULTS); its tensor names must be new to every profile."""
+    """Adds a statistic (filling in order, merge and missing); its tensor names must be new to every profile."""
     _load()  # this folder's statistics first, whoever registers first
     for attr, value in _defaults(stat).items():
         if not hasattr(stat, attr):
