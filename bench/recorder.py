@@ -1,24 +1,31 @@
 """The profile recorder's cost per recorded step, this tree's against another revision's, side by side.
 
     python -m gcache.bench.recorder --against <git revision> [--steps 16] [--elems 65536 1048576] [--repeats 7]
+    python -m gcache.bench.recorder --against <git revision> --ops   # the torch operations each runs, counted
     python -m gcache.bench.recorder --kernels     # bfloat16 rows − float32 δ: in the kernel vs converted first
 
 Each case records N steps of one branch (random δ and h of `elems` elements) with ProfileRecorder from this tree
-and from core/profile.py at the given revision (loaded from git into this package, so both use the same
-helpers), variants interleaved and shuffled every repetition. Prints per-step milliseconds (medians) and the
-ratio new/old (median of per-repetition ratios), and the recorder's temporaries' peak: on the CPU the largest
-single allocation seen is not observable, so the memory model is stated in core/profile.py instead.
+and from core/ at the given revision (its whole folder, loaded from git as a package of its own: the recorder, its
+statistics and the profile as they were then), variants interleaved and shuffled every repetition. Prints
+per-step milliseconds (medians) and the ratio new/old (median of per-repetition ratios). On a shared machine those
+move by tens of percent from run to run; `--ops` counts the torch operations each recorder runs for the same
+residuals instead (torch.profiler, one run per case), which timing noise doesn't move. The recorder's
+temporaries' peak is not measured: on the CPU the largest single allocation seen is not observable, so the memory
+model is stated in core/recorder.py instead.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
+import io
 import json
 import os
 import random
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 
@@ -29,21 +36,26 @@ from ..core import profile as current
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def profile_module_at(rev: str):
-    """core/profile.py as it was at `rev`, imported as a module of this package (relative imports resolve to
-    this tree's core/). The old source is written to a temporary file and loaded by importlib's file loader."""
-    src = subprocess.run(["git", "-C", REPO, "show", f"{rev}:core/profile.py"], check=True, capture_output=True,
-                         text=True).stdout
-    name = f"{current.__package__}._profile_at_{rev[:12]}"
+def core_at(rev: str):
+    """core/ as it was at `rev`, imported as a package of its own (core/ imports nothing outside itself). Its
+    profile module has ProfileRecorder at every revision (since core/recorder.py, as a name it re-exports)."""
+    archive = subprocess.run(["git", "-C", REPO, "archive", "--format=tar", rev, "core"], check=True,
+                             capture_output=True).stdout
     folder = tempfile.mkdtemp(prefix="gcache-recorder-")
-    path = os.path.join(folder, f"profile_at_{rev[:12]}.py")
-    with open(path, "w") as f:
-        f.write(src)
-    spec = importlib.util.spec_from_file_location(name, path)
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(folder, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    name = "_gcache_core_at_" + "".join(ch if ch.isalnum() else "_" for ch in rev)[:40]
+    spec = importlib.util.spec_from_file_location(name, os.path.join(folder, "core", "__init__.py"),
+                                                  submodule_search_locations=[os.path.join(folder, "core")])
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def profile_module_at(rev: str):
+    """core/profile.py of core/ at `rev` (core_at), whose ProfileRecorder the bench times."""
+    return importlib.import_module(core_at(rev).__name__ + ".profile")
 
 
 def record_run(mod, n: int, hs, ds, forecast: bool) -> float:
@@ -57,8 +69,29 @@ def record_run(mod, n: int, hs, ds, forecast: bool) -> float:
     return dt / n
 
 
+def op_counts(mod, n: int, hs, ds, forecast: bool) -> dict:
+    """How many times each torch operation ran while `mod`'s recorder recorded the run (finish() included)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        record_run(mod, n, hs, ds, forecast)
+    counts: dict = {}
+    for e in prof.events():
+        counts[e.name] = counts.get(e.name, 0) + 1
+    return counts
+
+
+def ops_row(elems: int, dtype, forecast: bool, old: dict, new: dict) -> dict:
+    """The two recorders' operation counts side by side (printed), and the operations whose counts differ."""
+    diff = {op: (old.get(op, 0), new.get(op, 0)) for op in sorted(set(old) | set(new)) if old.get(op, 0) != new.get(op, 0)}
+    row = {"elems": elems, "dtype": str(dtype).replace("torch.", ""), "forecast": forecast,
+           "old_ops": sum(old.values()), "new_ops": sum(new.values()), "differ": diff}
+    print(f"m={elems:8d} {row['dtype']:8s} forecast={forecast!s:5s}: old {row['old_ops']} torch operations, new "
+          f"{row['new_ops']}; differing counts (old, new): {diff or 'none'}", flush=True)
+    return row
+
+
 def kernels(repeats: int, device: str = "cpu") -> None:
-    """The subtraction of core/profile.py's CONVERT_FIRST choice, side by side: bfloat16 rows − a float32 δ by type
+    """The subtraction of core/recorder.py's CONVERT_FIRST choice, side by side: bfloat16 rows − a float32 δ by type
     promotion inside the kernel, converted to float32 first, and bfloat16 − bfloat16 (the old, rounded one)."""
     g = torch.Generator().manual_seed(0)
     rows = torch.randn(8, 1 << 20, generator=g).bfloat16().to(device)
@@ -84,12 +117,13 @@ def kernels(repeats: int, device: str = "cpu") -> None:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--against", help="git revision whose core/profile.py is the baseline")
+    ap.add_argument("--against", help="git revision whose core/ is the baseline")
     ap.add_argument("--kernels", action="store_true", help="only time the subtraction variants (CONVERT_FIRST)")
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--elems", type=int, nargs="+", default=[1 << 16, 1 << 20])
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--ops", action="store_true", help="count the torch operations of each recorder instead of timing")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     if a.kernels:
@@ -108,6 +142,10 @@ def main(argv=None):
                 ds = [torch.randn(1, elems // 64, 64, generator=g).to(dtype) for _ in range(a.steps)]
                 hs = [torch.randn(1, elems // 64, 64, generator=g).to(dtype) for _ in range(a.steps)]
                 variants = {"old": old, "new": current}
+                if a.ops:
+                    c = {k: op_counts(mod, a.steps, hs, ds, forecast) for k, mod in variants.items()}
+                    rows.append(ops_row(elems, dtype, forecast, c["old"], c["new"]))
+                    continue
                 for mod in variants.values():  # warm-up
                     record_run(mod, a.steps, hs, ds, forecast)
                 t = {k: [] for k in variants}

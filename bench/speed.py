@@ -34,7 +34,7 @@ is reported (drift on a shared machine cancels); CUDA events on a GPU, perf_coun
   profile  all-ones mask + ProfileRecorder (+ finish()) profile_step_overhead = t(profile)/t(none) − 1
 speedup = t(none)/t(K); ideal = N·T / (K·T + (N−K)·T_io); speedup_ratio = speedup / ideal (goal ≥ 0.95).
 
-Profile memory model (core/profile.py), per branch b of B branches, S = numel(δ_b)·itemsize(δ):
+Profile memory model (core/recorder.py), per branch b of B branches, S = numel(δ_b)·itemsize(δ):
   held for the whole run: the history N·S on the model's device (on the CPU with --history cpu) + one copy of
   the previous h, S;
   transient, on each recorded step, after the blocks have run: the full-batch δ = z − h the engine forms (B·S),

@@ -14,7 +14,7 @@ from typing import Callable, Optional
 import torch
 
 from ..core import ProfileRecorder, ResidualCache, StackClock, StepClock
-from ..core.profile import MAX_ELEMS, sample_stride
+from ..core.recorder import MAX_ELEMS, sample_stride
 from ..search.baselines import uniform_mask
 
 from .speed_comfy import ComfyModel
@@ -206,7 +206,7 @@ def build(family: str, size, device, dtype, use_comfy: bool):
 
 def predicted_profile_bytes(numel_branch: int, itemsize: int, n: int, branches: int, chunk_elems: int = 1 << 25,
                             width: int = 1, max_elems: Optional[int] = MAX_ELEMS) -> dict:
-    """core/profile.py's memory model: history and previous h of m sampled elements per branch, the batch's δ,
+    """core/recorder.py's memory model: history and previous h of m sampled elements per branch, the batch's δ,
     and the row temporaries (m = numel up to max_elems, else every stride-th element)."""
     m = len(range(0, numel_branch, sample_stride(numel_branch, width, max_elems)))
     s, full = m * itemsize, numel_branch * itemsize

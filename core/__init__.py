@@ -4,7 +4,8 @@ from .engine import CacheStats, ResidualCache
 from .errors import GCacheError
 from .observer import EngineObserver
 from .policy import Policy, check_budget, predicted_speedup
-from .profile import Profile, ProfileRecorder
+from .profile import Profile
+from .recorder import ProfileRecorder
 from .step_clock import StackClock, StepClock
 from .weights import analytic_w, bernstein_w
 

@@ -13,7 +13,7 @@ linear forecast δ̂_j = Σ_k w_k δ_k exactly: the pooled least-squares w solve
     mse(w) = G[j, j] − 2 w·G[K, j] + w·G[K, K]·w.
 Precision: that sum is a difference of large numbers when the forecast is good. Each G entry is a mean of float32
 products (exact for bfloat16/float16 residuals, rounded to 2^-24 for float32 ones), summed in float32 over blocks
-of 32 and in float64 beyond (profile._fold_means; one float32 sum over the whole fold lost ten times more), so
+of 32 and in float64 beyond (profile_stats.fold_means; one float32 sum over the whole fold lost ten times more), so
 mse(w) is known to roughly 1e-8·(1 + Σ|w_k|)²·G[j, j]. Measured on float32 residuals of 65536 elements (5 seeds,
 δ_j = 2δ_i − δ_p + noise, tests/test_gram_stats.py checks the middle case): an RMS error of 1e-2·RMS(δ_j) comes out
 within 2e-5, 1e-3 within 0.2 %, 3e-4 within 2 %, 1e-4 within 25 %; anything smaller is noise (mse is clipped at 0).

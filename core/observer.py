@@ -1,7 +1,7 @@
 """What the engine tells its collaborators about each pass through the block stack: EngineObserver.
 
 ResidualCache (engine.py) is the skip engine only. A profile run records every computed step's residual
-(ProfileRecorder, profile.py) and times its steps and block stack (StepClock, step_clock.py; Apply runs time their
+(ProfileRecorder, recorder.py) and times its steps and block stack (StepClock, step_clock.py; Apply runs time their
 steps too, for the measured speed-up): both are observers the run plugs in, `ResidualCache(mask, observers=(...))`.
 
 Why observers of the one engine, not a separate "profiling stack" with the engine's interface: a profile must

@@ -103,9 +103,9 @@ def forecaster_scores(profile: Profile, k: int, method: str = "theory") -> dict:
     w = propagation_weights(profile, method)
     ew = np.exp(w)
     candidates = [forecasters.get(n) for n in auto_candidates()]
-    if not profile.has_fit_stats():  # the fixed rules whose DP errors the profile has (forecasting ones need E1)
+    if not profile.has_fit_stats():  # the fixed rules whose DP errors the profile has (the statistics they need)
         return {fc.name: forecast_dp(profile, w, k, fc.name)[1] for fc in candidates
-                if not fc.needs_profile and (not fc.forecasts or profile.e1_sum is not None)}
+                if not fc.needs_profile and all(profile.has(s) for s in fc.needs)}
     st = profile.fit_stats()
     scores = {}
     for fc in candidates:

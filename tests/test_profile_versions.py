@@ -1,5 +1,8 @@
-"""Profile format 2 (how E was computed is in the file) and version-1 files, which may hold a squared E."""
+"""Profile format 2 (how E was computed is in the file), version-1 files, which may hold a squared E, and a format-2
+file written before profile statistics were declared (core/profile_stats)."""
 import json
+import pathlib
+import subprocess
 
 import numpy as np
 import pytest
@@ -7,6 +10,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+import profile_fixture
 from gcache.core.errors import GCacheError
 from gcache.core.profile import E_DEFINITION, PROFILE_VERSION, Profile, ProfileRecorder
 from gcache.search.bilevel import run_search
@@ -104,3 +108,64 @@ def test_a_dtype_change_mid_run_restarts_the_branch(caplog):
     with caplog.at_level("WARNING", logger="gcache"):
         rec.record(1, "c", torch.zeros(1, 2, 2, dtype=torch.bfloat16), torch.ones(1, 2, 2, dtype=torch.bfloat16))
     assert "restarting" in caplog.text and rec.finish().count == 0  # step 0 of the new history is missing
+
+
+# ------------------------------------------------------------------------------------------ written before statistics
+FIXTURE = pathlib.Path(__file__).parent / "data" / "profile_v2_forecast.safetensors"
+WRITTEN_BY = "2656f64"  # the commit whose GCache wrote FIXTURE (tests/profile_fixture.py)
+
+
+def _header(data: bytes) -> dict:
+    return json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
+
+
+def test_a_profile_written_before_statistics_were_declared_loads_to_the_same_tensors():
+    data = FIXTURE.read_bytes()
+    raw = st_load(data)
+    p = Profile.from_bytes(data)
+    assert {"e1_sum", "fit_sq_sum", "fit_cross_sum", "gram_sum"} <= set(raw) and set(p.sums) == set(raw) - {
+        "e_sum", "delta_norm_sum", "rel_delta_sum", "rel_h_sum", "times", "sigmas"}
+    for name, t in raw.items():
+        assert np.array_equal(getattr(p, name), t.numpy()), name
+    meta = _header(data)["__metadata__"]
+    assert (p.n_steps, p.count, p.e_definition) == (6, 4, 2) and p.meta == json.loads(meta["meta"])
+    assert p.has("e1") and p.has("fit") and p.has("gram") and p.defect is None
+    # written again by this GCache: the same tensors, byte for byte, and the same metadata (safetensors orders the
+    # metadata's keys as it likes, so the file's bytes may differ)
+    again = p.to_bytes()
+    assert _header(again) == _header(data)
+    new, old = st_load(again), raw
+    assert set(new) == set(old) and all(new[k].dtype == torch.float64 and torch.equal(new[k], old[k]) for k in old)
+    # its views are what they were: E1, α, the Gram weights
+    assert np.array_equal(p.E1, raw["e1_sum"].numpy() / 4)
+    assert np.array_equal(p.fit_stats().alpha(), Profile.from_bytes(again).fit_stats().alpha())
+
+
+def test_the_same_runs_recorded_now_give_the_fixtures_numbers():
+    """tests/profile_fixture.py's runs (float32, and bfloat16 sampled and chunked), recorded by this GCache: the
+    numbers the GCache before declared statistics wrote (bit for bit on the machine that wrote them; float32 sums
+    may round differently on another CPU)."""
+    raw = st_load(FIXTURE.read_bytes())
+    fresh = profile_fixture.record(ProfileRecorder)
+    assert set(fresh.sums) | {"e_sum", "delta_norm_sum", "rel_delta_sum", "rel_h_sum", "times", "sigmas"} == set(raw)
+    for name, t in raw.items():
+        want = t.numpy()
+        assert np.allclose(getattr(fresh, name), want, rtol=1e-6, atol=1e-9 * np.abs(want).max()), name
+    assert fresh.meta == Profile.from_bytes(FIXTURE.read_bytes()).meta
+
+
+def test_the_gcache_that_wrote_the_fixture_reads_what_this_one_writes():
+    """core/ at WRITTEN_BY, loaded from git as a package of its own (bench/recorder.py's loader), reads this GCache's
+    file of the fixture's runs to the same arrays."""
+    from gcache.bench import recorder as bench
+    known = subprocess.run(["git", "-C", bench.REPO, "cat-file", "-e", f"{WRITTEN_BY}^{{commit}}"],
+                           capture_output=True)
+    if known.returncode != 0:
+        pytest.skip(f"needs a git checkout that holds commit {WRITTEN_BY}")
+    old = bench.profile_module_at(WRITTEN_BY)
+    p = profile_fixture.record(ProfileRecorder)
+    q = old.Profile.from_bytes(p.to_bytes())
+    assert q.count == p.count and q.meta == p.meta and q.has_fit_stats()
+    for name in ("e_sum", "delta_norm_sum", "rel_delta_sum", "rel_h_sum", "times", "sigmas", "e1_sum", "fit_sq_sum",
+                 "fit_cross_sum", "gram_sum"):
+        assert np.array_equal(getattr(q, name), getattr(p, name)), name

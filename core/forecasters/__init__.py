@@ -16,6 +16,8 @@ these its default (DEFAULTS) when a forecaster doesn't set it:
 
     label          its label in the GCache Policy / Search combos (saved workflows hold it: never change one)
     rank           its place in those combos, and auto's tie-break between equal scores (the simpler first)
+    needs          the profile statistics (core/profile_stats, by name) its dp_errors and fit read besides E: a run
+                   that records forecast statistics records those every registered forecaster needs (default ())
     forecasts      False for reuse: a forecasting search also measures the reuse-optimal start mask, and its
                    reference runs record the forecast statistics
     needs_profile  its parameters are fitted to each mask from a profile (fit): whoever applies it must hold the
@@ -51,6 +53,7 @@ class Forecaster(Protocol):
 
     label: str
     rank: int
+    needs: tuple
     forecasts: bool
     needs_profile: bool
     dp_of: Optional[str]
@@ -70,7 +73,7 @@ def no_params(params: dict, mask: Sequence[int], name: str = "this") -> None:
 
 
 def _defaults(fc) -> dict:
-    return {"label": fc.name, "rank": 100, "forecasts": True, "needs_profile": False, "dp_of": None,
+    return {"label": fc.name, "rank": 100, "needs": (), "forecasts": True, "needs_profile": False, "dp_of": None,
             "auto_candidate": False,
             "check_params": lambda params, mask: no_params(params, mask, fc.name),
             "two_step_c": lambda profile, st, fold=None: None}

@@ -17,6 +17,7 @@ from .lagrange import lagrange_weights
 class Fitted:
     name = "fitted"
     keeps = 2
+    needs = ("e1", "fit")  # its DP errors: E1 scaled by the fit statistics' RMS ratio; α from the fit statistics
     label, rank = "fitted (profile)", 3
     needs_profile = True
     auto_candidate = True

@@ -40,6 +40,7 @@ def _stats(profile):
 class L2P:
     name = "l2p"
     keeps = KEEPS
+    needs = ("fit", "gram")  # its DP errors: √sq and the two-step least-squares RMS; its weights: the Gram statistics
     label, rank = "l2p (profile)", 4
     needs_profile = True
 

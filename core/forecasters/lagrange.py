@@ -24,6 +24,7 @@ def lagrange_weights(nodes: Sequence[float], t: float) -> list[float]:
 class Lagrange:
     def __init__(self, name: str, order: int, auto_candidate: bool):
         self.name, self.keeps = name, order + 1
+        self.needs = ("e1",)  # the linear DP's errors, which every order's mask comes from
         self.label, self.rank = f"{name} ({order})", order
         # the linear DP picks the masks of every order (an exact DP of order ≥ 2 would need N⁴ errors)
         self.dp_of = None if order == 1 else "linear"
