@@ -11,7 +11,6 @@ single allocation seen is not observable, so the memory model is stated in core/
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
@@ -25,6 +24,7 @@ import time
 import torch
 
 from ..core import profile as current
+from .cli import BenchParser, Progress, run_main, whole
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,15 +35,28 @@ def profile_module_at(rev: str):
     src = subprocess.run(["git", "-C", REPO, "show", f"{rev}:core/profile.py"], check=True, capture_output=True,
                          text=True).stdout
     name = f"{current.__package__}._profile_at_{rev[:12]}"
-    folder = tempfile.mkdtemp(prefix="gcache-recorder-")
-    path = os.path.join(folder, f"profile_at_{rev[:12]}.py")
-    with open(path, "w") as f:
-        f.write(src)
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
+    with tempfile.TemporaryDirectory(prefix="gcache-recorder-") as folder:  # removed once the module is loaded
+        path = os.path.join(folder, f"profile_at_{rev[:12]}.py")
+        with open(path, "w") as f:
+            f.write(src)
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
     return mod
+
+
+def revision_problem(rev: str) -> "str | None":
+    """Why `rev` names no core/profile.py to compare against (None: it does)."""
+    try:
+        out = subprocess.run(["git", "-C", REPO, "cat-file", "-e", f"{rev}:core/profile.py"], capture_output=True,
+                             timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"git cannot be run ({e}): this bench needs git and a clone of the repository"
+    if out.returncode != 0:
+        return (f"--against {rev}: no core/profile.py at that revision of {REPO} (it needs a git clone and a "
+                "revision such as HEAD~1)")
+    return None
 
 
 def record_run(mod, n: int, hs, ds, forecast: bool) -> float:
@@ -83,22 +96,28 @@ def kernels(repeats: int, device: str = "cpu") -> None:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = BenchParser("gcache.bench.recorder", __doc__)
     ap.add_argument("--against", help="git revision whose core/profile.py is the baseline")
     ap.add_argument("--kernels", action="store_true", help="only time the subtraction variants (CONVERT_FIRST)")
-    ap.add_argument("--steps", type=int, default=16)
-    ap.add_argument("--elems", type=int, nargs="+", default=[1 << 16, 1 << 20])
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--steps", type=whole(2), default=16)
+    ap.add_argument("--elems", type=whole(64), nargs="+", default=[1 << 16, 1 << 20])
+    ap.add_argument("--repeats", type=whole(1), default=7)
+    ap.add_argument("--threads", type=whole(1), default=1)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     if a.kernels:
         kernels(a.repeats, "cuda" if torch.cuda.is_available() else "cpu")
-        return
+        return None
     if not a.against:
         ap.error("--against <git revision> is needed (or --kernels)")
+    why = revision_problem(a.against)
+    if why:
+        ap.error(why)
     old = profile_module_at(a.against)
     rows = []
+    cases = sum(2 * (1 + (e <= 1 << 18)) for e in a.elems)
+    progress = Progress(cases, "recorder: cases (elements, dtype, forecast)",
+                        expected_s=sum(2e-6 * e * a.steps * a.repeats * 2 * 2 for e in a.elems))
     for elems in a.elems:
         for dtype in (torch.float32, torch.bfloat16):
             for forecast in (False, True):
@@ -123,11 +142,13 @@ def main(argv=None):
                        "new_ms": round(statistics.median(t["new"]) * 1e3, 3),
                        "spread_new_ms": round((max(t["new"]) - min(t["new"])) * 1e3, 3), "new_over_old": round(ratio, 3)}
                 rows.append(row)
-                print(f"m={elems:8d} {row['dtype']:8s} forecast={forecast!s:5s}: old {row['old_ms']:8.3f} ms/step, "
-                      f"new {row['new_ms']:8.3f} ms/step (spread {row['spread_new_ms']:.3f}), new/old {ratio:.3f}",
-                      flush=True)
-    print(json.dumps({"against": a.against, "steps": a.steps, "threads": a.threads, "rows": rows}))
+                progress.step(f"m={elems:8d} {row['dtype']:8s} forecast={forecast!s:5s}: old {row['old_ms']:8.3f} "
+                              f"ms/step, new {row['new_ms']:8.3f} ms/step (spread {row['spread_new_ms']:.3f}), new/old "
+                              f"{ratio:.3f}")
+    out = {"against": a.against, "steps": a.steps, "threads": a.threads, "rows": rows}
+    print(json.dumps(out))
+    return out
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main, "gcache.bench.recorder"))
