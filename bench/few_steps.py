@@ -49,7 +49,7 @@ def main(argv=None) -> dict:
     out = {"speedups": a.speedups, "few_steps_rule": FEW_STEPS, "rows": [], "pays_from": {}}
     fewer_cache: dict = {}
     progress = Progress(len(a.steps) * len(a.speedups), "few steps: (N, speed-up) pairs",
-                        expected_s=2.0 * sum(a.steps) * len(a.speedups) / 4)
+                        expected_s=0.08 * sum(a.steps) * len(a.speedups))
     for n in a.steps:
         h = ReferenceHarness(n)
         prof = h.profile(list(range(1000, 1008)), forecast=True)

@@ -38,6 +38,8 @@ REFERENCE = ("reference_model/model.py", "reference_model/sampler.py", "referenc
              "reference_model/tiny_dit_digits.safetensors")
 CODE = ("core", "search")
 QUALITY = CODE + REFERENCE
+# ComfyUI's runs: the tree and venv docs/development.md sets up beside the clone
+COMFYUI_ENV, COMFYUI_PYTHON = (("COMFYUI_PATH", "../comfyui-0.33.0"),), "../venv-0.33.0/bin/python"
 SPEED = ("bench/speed.py", "bench/speed_harness.py", "bench/speed_models.py", "bench/speed_comfy.py", "core",
          "search/baselines.py")
 
@@ -53,14 +55,15 @@ class Run:
     needs: str = ""          # "", "comfyui", "ray", "gpu"
     fast: bool = False       # CI repeats it and compares (deterministic, under a minute)
     collect: str = "json"    # how the result is read: "json" (last stdout line), "demo", "search", "gpu_check"
-    env: tuple = ()          # (name, value shown in the docs) pairs set before the command
+    env: tuple = ()          # (name, value as the docs write it) pairs set before the command
+    python: str = ".venv/bin/python"  # README's venv; ComfyUI's runs: the venv docs/development.md makes for it
 
     def command(self) -> str:
-        """The command as the docs print it (README's venv)."""
+        """The command as the docs print it."""
         prefix = "".join(f"{k}={v} " for k, v in self.env)
         if self.module.endswith(".sh"):
             return f"{prefix}bash {self.module}"
-        return f"{prefix}.venv/bin/python -m {self.module}" + "".join(f" {shlex.quote(a)}" for a in self.args)
+        return f"{prefix}{self.python} -m {self.module}" + "".join(f" {shlex.quote(a)}" for a in self.args)
 
 
 RUNS = {r.name: r for r in (
@@ -98,14 +101,14 @@ RUNS = {r.name: r for r in (
         + QUALITY, minutes=12, kind="timing", needs="ray"),
     Run("route_quality", "gcache.bench.route_quality", (), ("bench/route_quality.py", "core", "search", "nodes",
                                                            "tests/comfyui/tiny_image_models_033.py"),
-        minutes=4, needs="comfyui", env=(("COMFYUI_PATH", "/path/to/ComfyUI"),)),
+        minutes=4, needs="comfyui", env=COMFYUI_ENV, python=COMFYUI_PYTHON),
     Run("speedup_prediction", "gcache.bench.speedup_prediction", (), ("bench/speedup_prediction.py", "core", "search",
                                                                      "nodes", "tests/comfyui/tiny_models.py")
-        + REFERENCE, minutes=25, kind="timing", needs="comfyui", env=(("COMFYUI_PATH", "/path/to/ComfyUI"),)),
+        + REFERENCE, minutes=25, kind="timing", needs="comfyui", env=COMFYUI_ENV, python=COMFYUI_PYTHON),
 )}
 
-NEEDS = {"comfyui": "a ComfyUI tree in COMFYUI_PATH (a clone of github.com/Comfy-Org/ComfyUI; its requirements in "
-                    "this venv: docs/development.md)",
+NEEDS = {"comfyui": "ComfyUI 0.33.0 and its venv as docs/development.md sets them up (COMFYUI_PATH set; run with "
+                    "that venv's python)",
          "ray": "the cluster extra: .venv/bin/pip install -e \".[cluster]\"",
          "gpu": "a CUDA GPU (bash bench/gpu_check.sh on the GPU machine, then --import gpu_check DIR here)"}
 
@@ -194,7 +197,12 @@ def gpu_check_result(folder: str) -> dict:
         for line in f:
             if line.strip():
                 models += json.loads(line)["models"]
-    return {"machine": machine, "models": models, "folder": os.path.relpath(os.path.abspath(folder), store.REPO)}
+    summary = []
+    if os.path.exists(os.path.join(folder, "summary.txt")):
+        with open(os.path.join(folder, "summary.txt"), encoding="utf-8") as f:
+            summary = [line.strip() for line in f if line.strip() and not line.startswith("{")]
+    return {"machine": machine, "models": models, "summary": summary,
+            "folder": os.path.relpath(os.path.realpath(folder), os.path.realpath(store.REPO))}
 
 
 COLLECTORS: dict[str, Callable] = {"json": collect_json, "demo": collect_demo, "search": collect_search,
