@@ -21,7 +21,8 @@ def span(values, spec: str = ".2f", unit: str = "") -> str:
     """'a–b' (or 'a' when they are equal), minus signs included."""
     lo, hi = min(values), max(values)
     a, b = num(lo, spec), num(hi, spec)
-    return (a if a == b else f"{a} to {b}" if lo < 0 < hi else f"{a}–{b}") + unit
+    dash = lo >= 0 and "+" not in spec  # 1.2–3.4, but −1.2 to +3.4 (a dash beside signs reads as a minus)
+    return (a if a == b else f"{a}–{b}" if dash else f"{a} to {b}") + unit
 
 
 def machine(record: dict) -> str:
@@ -264,13 +265,17 @@ def ks(results, run: str = "quality_quick") -> list:
     return sorted({r["K"] for r in results(run)["rows"]})
 
 
+SEARCHED = ("gcache_forecast", "gcache_forecast_nopolish")  # their forecaster is the forecaster check's pick
+
+
 def cell(rows: dict, k: int, method: str, own: str = "") -> str:
+    """A PSNR cell; a search whose forecaster check moved it to another forecaster than `own` names it."""
     r = rows.get((k, method))
     if r is None:
         return "—"
     text = num(r["psnr"], ".2f")
     fc = r.get("forecaster")
-    return text + (f" ({fc})" if own and fc and fc != own else "")
+    return text + (f" ({fc})" if method in SEARCHED and own and fc and fc != own else "")
 
 
 def bold_best(cells: list, values: list) -> list:
@@ -282,6 +287,12 @@ def quality_row(rows: dict, k: int, methods: list, own: str) -> list:
     cells = [cell(rows, k, m, own) for m in methods]
     values = [rows[(k, m)]["psnr"] if (k, m) in rows else None for m in methods]
     return [k] + bold_best(cells, [None if v is None else round(v, 2) for v in values])
+
+
+@block("quality_quick.objective")
+def quality_objective(results) -> str:
+    names = {"ssim": "1 − SSIM", "lpips_ssim": "LPIPS + 1 − SSIM", "psnr": "−PSNR"}
+    return names.get(results("quality_quick")["objective"], results("quality_quick")["objective"])
 
 
 @block("quality_quick.table")
@@ -382,7 +393,7 @@ def forecast_bullets(results) -> str:
         a, r = rows[(third, "instant_auto")]["psnr"], max(rows[(half, m)]["psnr"] for m in ("instant_1batch", "gcache"))
         lines.append(f"Forecasting at K = {third} of {n} (auto, no search: {num(a, '.2f')} dB) "
                      f"{'beats' if a > r else 'does not beat'} reuse at K = {half} (best instant or searched: "
-                     f"{num(r, '.2f')} dB), which runs the block stack {half - third} times more.")
+                     f"{num(r, '.2f')} dB), which runs the block stack on {half - third} more steps.")
     return "\n" + "\n".join(wrap_bullet(t) for t in lines) + "\n"
 
 
@@ -512,9 +523,12 @@ def few_steps_below(results) -> str:
 @block("few_steps.rule")
 def few_steps_rule(results) -> str:
     res = results("few_steps")
-    parts = [f"N = {r['N']} at {r['speedup']:g}× ({r['bound_forecaster']}): {db(r['bound_pick'] - r['reuse'], '+.2f')}"
-             for r in res["rows"] if r["N"] <= res["few_steps_rule"] and 1 < r["K"] < r["N"]
-             and r["bound_forecaster"] != "reuse"]
+    cases: dict = {}  # (N, K) -> its speed-ups and the row (targets that give the same K sample the same policies)
+    for r in res["rows"]:
+        if r["N"] <= res["few_steps_rule"] and 1 < r["K"] < r["N"] and r["bound_forecaster"] != "reuse":
+            cases.setdefault((r["N"], r["K"]), ([], r))[0].append(f"{r['speedup']:g}×")
+    parts = [f"N = {n}, K = {k} ({'/'.join(s)}, {r['bound_forecaster']}): {db(r['bound_pick'] - r['reuse'], '+.2f')}"
+             for (n, k), (s, r) in cases.items()]
     return "; ".join(parts) if parts else "none (the bound picked reuse everywhere)"
 
 
@@ -532,11 +546,6 @@ def cluster_table(results) -> str:
     return table(["budget", "2 workers vs 1 (median of 16 GP seeds, range)", "held-out PSNR: sequential", "2 workers",
                   "difference (paired s.e.)", "date"], [cluster_row(results, "cluster_64"),
                                                         cluster_row(results, "cluster_48")])
-
-
-@block("cluster.prose")
-def cluster_prose(results) -> str:
-    return f"Ray {results.record('cluster_64').get('machine', {}).get('ray', '2.60.0')}, a local cluster on the CPU."
 
 
 @block("cluster.search_md")

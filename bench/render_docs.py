@@ -185,11 +185,12 @@ def db(v, spec: str = ".2f") -> str:
 # ------------------------------------------------------------------------------------------------ the command
 def render_all(write: bool) -> list[str]:
     """Render every doc; returns the docs that differed (and, when write, were rewritten)."""
-    results, changed = Results(), []
-    for path in doc_files():
+    results, changed, rendered = Results(), [], []
+    for path in doc_files():  # every doc rendered before any is written: a failing block writes nothing
         with open(path, encoding="utf-8") as f:
             text = f.read()
-        new = render_text(text, results, os.path.relpath(path, store.REPO))
+        rendered.append((path, text, render_text(text, results, os.path.relpath(path, store.REPO))))
+    for path, text, new in rendered:
         if new != text:
             changed.append(path)
             if write:

@@ -151,7 +151,7 @@ def load(name: str) -> dict:
         return json.load(f)
 
 
-def staleness(record: dict, declared: Iterable[str]) -> Optional[str]:
+def staleness(record: dict, declared: Iterable[str], root: Optional[str] = None) -> Optional[str]:
     """Why a stored record no longer describes today's code (None: it does): sources declared otherwise, a source
     changed, or figures that were typed rather than measured by the pipeline."""
     declared = list(declared)
@@ -160,7 +160,7 @@ def staleness(record: dict, declared: Iterable[str]) -> Optional[str]:
     if record.get("sources") != declared:
         return f"the run now declares the sources {declared}, the stored result {record.get('sources')}"
     try:
-        total, per_file = sources_hash(declared)
+        total, per_file = sources_hash(declared, root or REPO)
     except FileNotFoundError as e:
         return str(e)
     if total == record.get("sources_hash"):
