@@ -155,8 +155,11 @@ def executed():
         in_repo = any(w.startswith("tests/") for w in words)
         work, tmp = tempfile.mkdtemp(prefix="gcache-doc-command-"), tempfile.mkdtemp(prefix="gcache-doc-tmp-")
         try:
-            res = subprocess.run(argv, cwd=REPO if in_repo else work, capture_output=True, text=True,
-                                 timeout=RUN_LIMIT_S, env=dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=tmp, **env))
+            try:
+                res = subprocess.run(argv, cwd=REPO if in_repo else work, capture_output=True, text=True,
+                                     timeout=RUN_LIMIT_S, env=dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=tmp, **env))
+            except subprocess.TimeoutExpired as e:  # this command fails its test; the others still run
+                return cmd.text, (None, f"ran past {RUN_LIMIT_S} s: {(e.stdout or b'')[-2000:]!r}", [], None)
             run, result = registered(cmd), None
             if run is not None and res.returncode == 0:
                 result = runs.COLLECTORS[run.collect](run, res.stdout.splitlines(), work)
