@@ -28,3 +28,14 @@ def test_profile_at_head_records_what_this_tree_records():
             rec.record(j, "all", hs[j], ds[j])
         profiles.append(rec.finish())
     assert (profiles[0].E == profiles[1].E).all() and profiles[0].E.shape == (5, 5)
+
+
+def test_loading_a_revision_leaves_no_temporary_folder(tmp_path, monkeypatch):
+    """profile_module_at writes the old source to a temporary folder only while it loads it (every bench and test
+    run once left a gcache-recorder-* folder behind)."""
+    head = subprocess.run(["git", "-C", bench.REPO, "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode != 0:
+        pytest.skip("needs a git checkout")
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    mod = bench.profile_module_at(head.stdout.strip())
+    assert hasattr(mod, "ProfileRecorder") and list(tmp_path.iterdir()) == []
