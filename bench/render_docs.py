@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import difflib
 import glob
-import json
 import os
 import re
-import statistics
 import sys
 from typing import Callable
 

@@ -47,6 +47,8 @@ def main(argv=None) -> dict:
     import torch
     comfy.cli_args.args.cpu = not torch.cuda.is_available()
     torch.set_num_threads(1)
+    import comfy.utils
+    comfy.utils.PROGRESS_BAR_ENABLED = False  # a bar per sampling run would bury the bench's own progress lines
     import nodes as comfy_nodes
     import tiny_image_models_033 as tim33
 

@@ -117,7 +117,11 @@ def missing_need(run: Run) -> Optional[str]:
     """What this machine lacks for the run (None: nothing)."""
     if run.needs == "comfyui":
         from .cli import comfyui_problem
-        return comfyui_problem(os.environ.get("COMFYUI_PATH"))
+        default = dict(run.env).get("COMFYUI_PATH")
+        path = os.environ.get("COMFYUI_PATH") or (default and os.path.normpath(os.path.join(store.REPO, default)))
+        python = os.path.normpath(os.path.join(store.REPO, run.python))
+        return comfyui_problem(path) or (None if os.path.exists(python) else
+                                         f"{run.python} does not exist: {NEEDS['comfyui']}")
     if run.needs == "ray":
         import importlib.util
         return None if importlib.util.find_spec("ray") else f"Ray is not installed: {NEEDS['ray']}"
@@ -127,18 +131,24 @@ def missing_need(run: Run) -> Optional[str]:
 
 
 # ---------------------------------------------------------------------------------------------- running a command
-def execute(run: Run, echo=sys.stdout) -> tuple[dict, list, float]:
+def execute(run: Run, echo=sys.stdout, python: Optional[str] = None) -> tuple[dict, list, float]:
     """Run the command in a temporary folder: (the result, the stdout lines, seconds). Raises RuntimeError when the
-    command fails."""
+    command fails. `python`: the interpreter to run it with instead of the one the command names (this one for
+    README's venv, else the run's own, relative to the clone)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.setdefault("OMP_NUM_THREADS", "1")
-    for k, _ in run.env:  # the docs' placeholder stands for the environment's own value
-        if k not in os.environ:
-            raise RuntimeError(f"{run.name} needs {k} in the environment")
+    for k, v in run.env:  # the environment's own value, else the docs' (a path beside the clone)
+        env.setdefault(k, os.path.normpath(os.path.join(store.REPO, v)))
+    if python is None:
+        python = sys.executable
+    if run.python != Run.python and python == sys.executable:  # ComfyUI's venv, as docs/development.md makes it
+        python = os.path.normpath(os.path.join(store.REPO, run.python))
+        if not os.path.exists(python):
+            raise RuntimeError(f"{run.name} runs with {run.python}, which does not exist: {NEEDS.get(run.needs, '')}")
     folder = tempfile.mkdtemp(prefix=f"gcache-run-{run.name}-")
     try:
         t0 = time.monotonic()
-        proc = subprocess.Popen([sys.executable, "-m", run.module, *run.args], cwd=folder, env=env,
+        proc = subprocess.Popen([python, "-m", run.module, *run.args], cwd=folder, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         lines = []
         for line in proc.stdout:
@@ -209,9 +219,10 @@ COLLECTORS: dict[str, Callable] = {"json": collect_json, "demo": collect_demo, "
                                     "gpu_check": collect_gpu_check}
 
 
-def run_and_store(run: Run) -> str:
-    result, lines, seconds = execute(run)
-    return store.write(run.name, run.command(), result, run.sources, wall_s=seconds)
+def run_and_store(run: Run, python: Optional[str] = None) -> str:
+    result, lines, seconds = execute(run, python=python)
+    return store.write(run.name, run.command(), result, run.sources, wall_s=seconds,
+                       extra={"python": python} if python else None)
 
 
 # ------------------------------------------------------------------------------------------- what CI compares
@@ -274,6 +285,8 @@ def main(argv=None) -> int:
                     help="store the output folder of a run made elsewhere (gpu_check)")
     ap.add_argument("--commit", help="with --import: the git commit the run was made at (its sources are hashed "
                                      "as they were there)")
+    ap.add_argument("--python", help="run the named runs with this Python instead of the one their command names "
+                                     "(ComfyUI's venv kept elsewhere than docs/development.md puts it)")
     a = ap.parse_args(argv)
     unknown = [n for n in a.names if n not in RUNS]
     if unknown:
@@ -296,13 +309,13 @@ def main(argv=None) -> int:
     todo = [RUNS[n] for n in a.names] or [r for r in RUNS.values() if (r.fast if a.fast else status(r) != "fresh")]
     skipped, failed = [], []
     for run in todo:
-        lack = missing_need(run)
+        lack = None if a.python and run.needs == "comfyui" and os.environ.get("COMFYUI_PATH") else missing_need(run)
         if lack:
             skipped.append(f"{run.name}: {lack}")
             continue
         print(f"== {run.name} (about {run.minutes:g} min): {run.command()}", flush=True)
         try:
-            print(f"stored {run_and_store(run)}", flush=True)
+            print(f"stored {run_and_store(run, a.python)}", flush=True)
         except RuntimeError as e:
             failed.append(f"{run.name}: {one_line(e)}")
     for line in skipped:

@@ -209,6 +209,8 @@ def comfyui_modules(path: str):
     import comfy.cli_args
     import torch
     comfy.cli_args.args.cpu = not torch.cuda.is_available()
+    import comfy.utils
+    comfy.utils.PROGRESS_BAR_ENABLED = False  # a bar per sampling run would bury the bench's own progress lines
     import nodes as comfy_nodes
     import tiny_models as tm
     return comfy_nodes, tm

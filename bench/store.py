@@ -19,7 +19,7 @@ import subprocess
 import time
 from typing import Iterable, Optional
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 RESULTS_DIR = os.path.join(REPO, "bench", "results")
 SOURCE_SUFFIXES = (".py", ".safetensors")  # what a declared folder contributes
 FORMAT = 1
