@@ -1,39 +1,48 @@
-"""Should Apply auto pick the error model too? Its choice of forecaster (search/instant.py choose_forecaster) scores
-each candidate's instant mask by the held-out bound (fit statistics in two folds). This bench adds the other error
-models' masks (search/error_models.py: rms, ls_rms) to the candidates and compares, on held-out seeds, the instant
-policy the bound picks with and without them; and, without any choice, auto's forecaster on each model's mask.
+"""Which error model's mask should GCache Apply (auto) apply its forecaster on, and should it pick the error model by
+the held-out bound? Auto chooses a forecaster by the held-out bound (search/instant.py choose_forecaster) and applies
+it on the mask of search/instant.py auto_error_model (AUTO_ERROR_MODEL, the reuse DP's mask, where it applies).
 
 On the reference model (euler, shift 2, CFG 3), one profiled batch of 8 seeds per N, K at 5x, ~3.75x, 3x, 2x, 1.5x:
-each (forecaster, error model) instant theory-DP policy is sampled on 16 held-out seeds, PSNR dB against full compute.
+each (forecaster, error model) instant theory-DP policy (search/error_models.py) is sampled on 16 held-out seeds,
+PSNR dB against full compute. Per (N, K):
+- "auto": what GCache Apply (auto) applies (search/instant.py auto_policy with choose_forecaster's pick);
+- "own_dp": the same forecaster on its own DP's mask (error model mean_abs);
+- "by_bound": the (forecaster, error model) with the lowest held-out bound among every candidate;
+- model_minus_own_dp_db: auto's forecaster on each error model's mask, minus its own DP's mask.
 
-    python -m gcache.bench.auto_error_models          # ~5 min on one CPU core
+    python -m gcache.bench.auto_error_models          # about 6 min on one CPU core
 
 Ends with one JSON line.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
+import sys
+
+from .cli import BenchParser, Progress, run_main, seed_text, whole
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, nargs="+", default=[20, 30, 50])
-    ap.add_argument("--eval-seeds", default="0-15")
-    ap.add_argument("--threads", type=int, default=1)
+    ap = BenchParser("gcache.bench.auto_error_models", __doc__)
+    ap.add_argument("--steps", type=whole(4), nargs="+", default=[20, 30, 50])
+    ap.add_argument("--eval-seeds", type=seed_text, default="0-15")
+    ap.add_argument("--threads", type=whole(1), default=1)
     a = ap.parse_args(argv)
     import numpy as np
     from ..reference_model.harness import ReferenceHarness
     from ..search.cli import parse_seeds, set_threads
     from ..core import forecasters
     from ..search import error_models
-    from ..search.instant import _bound, auto_candidates, choose_forecaster, instant_policy, propagation_weights
+    from ..search.instant import (_bound, auto_candidates, auto_error_model, choose_forecaster, instant_policy,
+                                  propagation_weights)
     from ..search.objectives import psnr
     from .quality import ks_of
     set_threads(a.threads)
     seeds = parse_seeds(a.eval_seeds)
     out = {"rows": []}
+    progress = Progress(sum(len(ks_of(n)) for n in a.steps), "auto's error model: (N, K) pairs",
+                        expected_s=0.16 * sum(n * len(ks_of(n)) for n in a.steps) * 5)
     for n in a.steps:
         h = ReferenceHarness(n)
         prof = h.profile(list(range(1000, 1008)), forecast=True)
@@ -51,35 +60,45 @@ def main(argv=None) -> dict:
                                            for f in (0, 1)]))
                     img, _ = h.run(seeds, pol.mask, forecast=fc, forecast_params=pol.forecast_params)
                     cand[f"{fc}/{model}"] = {"bound": bound, "psnr": round(psnr(img, ref), 2)}
-            today = choose_forecaster(prof, k)[0] + "/mean_abs"
-            with_models = min(cand, key=lambda c: cand[c]["bound"])
-            row = {"N": n, "K": k, "today": today, "today_psnr": cand[today]["psnr"], "with_models": with_models,
-                   "with_models_psnr": cand[with_models]["psnr"],
+            pick = choose_forecaster(prof, k)[0]
+            auto, own = f"{pick}/{auto_error_model(pick)}", f"{pick}/{error_models.DEFAULT}"
+            by_bound = min(cand, key=lambda c: cand[c]["bound"])
+            row = {"N": n, "K": k, "auto": auto, "auto_psnr": cand[auto]["psnr"], "own_dp": own,
+                   "own_dp_psnr": cand[own]["psnr"], "by_bound": by_bound, "by_bound_psnr": cand[by_bound]["psnr"],
                    "best": max(cand, key=lambda c: cand[c]["psnr"]), "candidates": cand}
-            row["gain_db"] = round(row["with_models_psnr"] - row["today_psnr"], 2)
-            # auto's forecaster, each error model's mask instead of the mean-|error| one (no choice by the bound)
-            fc_today = today.split("/")[0]
-            row["model_minus_today_db"] = {m: round(cand[f"{fc_today}/{m}"]["psnr"] - row["today_psnr"], 2)
-                                           for m in error_models.ERROR_MODELS if f"{fc_today}/{m}" in cand}
+            row["auto_minus_own_dp_db"] = round(row["auto_psnr"] - row["own_dp_psnr"], 2)
+            row["by_bound_minus_auto_db"] = round(row["by_bound_psnr"] - row["auto_psnr"], 2)
+            row["model_minus_own_dp_db"] = {m: round(cand[f"{pick}/{m}"]["psnr"] - row["own_dp_psnr"], 2)
+                                            for m in error_models.ERROR_MODELS if f"{pick}/{m}" in cand}
             out["rows"].append(row)
-            print(f"N = {n}, K = {k}: auto today {today} {row['today_psnr']} dB; with error models {with_models} "
-                  f"{row['with_models_psnr']} dB ({row['gain_db']:+.2f}); best on held-out seeds {row['best']} "
-                  f"{cand[row['best']]['psnr']} dB", flush=True)
-    gains = [r["gain_db"] for r in out["rows"]]
-    out["median_gain_db"] = statistics.median(gains)
-    out["better"], out["worse"] = sum(g > 0 for g in gains), sum(g < 0 for g in gains)
-    print(f"picking the error model by the held-out bound: median {out['median_gain_db']:+.2f} dB, better at "
-          f"{out['better']} and worse at {out['worse']} of {len(gains)} (N, K)")
-    out["model_minus_today_median_db"] = {}
+            progress.step(f"N = {n}, K = {k}: auto {auto} {row['auto_psnr']} dB; on its own DP mask {own} "
+                          f"{row['own_dp_psnr']} dB ({row['auto_minus_own_dp_db']:+.2f}); lowest bound {by_bound} "
+                          f"{row['by_bound_psnr']} dB; best on held-out seeds {row['best']} "
+                          f"{cand[row['best']]['psnr']} dB")
+    out["auto_minus_own_dp"] = summary([r["auto_minus_own_dp_db"] for r in out["rows"]])
+    out["by_bound_minus_auto"] = summary([r["by_bound_minus_auto_db"] for r in out["rows"]])
+    print(f"auto's mask − the forecaster's own DP mask: {describe(out['auto_minus_own_dp'])}")
+    print(f"picking (forecaster, error model) by the held-out bound − auto: {describe(out['by_bound_minus_auto'])}")
+    out["model_minus_own_dp"] = {}
     for m in error_models.ERROR_MODELS:
-        d = [r["model_minus_today_db"][m] for r in out["rows"] if m in r["model_minus_today_db"]]
+        d = [r["model_minus_own_dp_db"][m] for r in out["rows"] if m in r["model_minus_own_dp_db"]]
         if d:
-            out["model_minus_today_median_db"][m] = statistics.median(d)
-            print(f"auto's forecaster on the {m} masks instead: median {statistics.median(d):+.2f} dB "
-                  f"(min {min(d):+.2f}, max {max(d):+.2f}) over {len(d)} (N, K)")
+            out["model_minus_own_dp"][m] = summary(d)
+            print(f"auto's forecaster on the {m} masks − on its own DP's: {describe(out['model_minus_own_dp'][m])}")
     print(json.dumps(out))
     return out
 
 
+def summary(d: list) -> dict:
+    worst = min(range(len(d)), key=lambda i: d[i])
+    return {"median": statistics.median(d), "better": sum(v > 0 for v in d), "worse": sum(v < 0 for v in d),
+            "of": len(d), "min": min(d), "max": max(d), "argmin": worst}
+
+
+def describe(s: dict) -> str:
+    return (f"median {s['median']:+.2f} dB, better at {s['better']} and worse at {s['worse']} of {s['of']} (N, K) "
+            f"(from {s['min']:+.2f} to {s['max']:+.2f})")
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main, "gcache.bench.auto_error_models"))

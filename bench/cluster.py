@@ -1,33 +1,47 @@
 """Scale-out of the search: wall clock with 1 and 2 Ray workers at equal budget, and the held-out quality of the
 2-worker result against the sequential search at the same budget (reference model, one process per worker).
 
-    python -m gcache.bench.cluster                  # N = 30, K = 10, budget 64, GP seeds 0-15: ~14 min on 2 CPU cores
-    python -m gcache.bench.cluster --budget 48      # a smaller budget: ~11 min
+    python -m gcache.bench.cluster                  # N = 30, K = 10, budget 64, GP seeds 0-15: about 15 min on 2 cores
+    python -m gcache.bench.cluster --budget 48      # a smaller budget: about 12 min
 
 A single search is a draw: the best mask occupies a small region of s, and the sequential search itself misses it
 for some GP seeds. So the search runs once per GP seed (`--gp-seeds`), sequentially
 (bilevel.run_search, in process), on 1 Ray worker (q = 1, the same search) and on 2 Ray workers (q = 2), and the
-quality figure is the mean held-out PSNR over GP seeds. Needs the optional Ray extra (pip install -e '.[cluster]').
+quality figure is the mean held-out PSNR over GP seeds. Needs the optional Ray extra, in README's venv:
+.venv/bin/pip install -e ".[cluster]" (from the repository root).
 Ends with one JSON line: {"speedup_2_workers", "quality_diff_db", ...}.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
+import sys
 import time
+
+from .cli import BenchParser, Progress, require_module, run_main, seed_text, whole
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--k", type=int, default=10)
-    ap.add_argument("--budget", type=int, default=64)  # SearchConfig's default
-    ap.add_argument("--objective", default="ssim")
-    ap.add_argument("--gp-seeds", default="0-15", help="SearchConfig.seed of each repetition")
-    ap.add_argument("--search-seeds", default="1000-1015", help="the sample seeds the search scores masks on")
-    ap.add_argument("--eval-seeds", default="0-15", help="held-out sample seeds for the final quality")
+    ap = BenchParser("gcache.bench.cluster", __doc__)
+    ap.add_argument("--steps", type=whole(4), default=30)
+    ap.add_argument("--k", type=whole(2), default=10)
+    ap.add_argument("--budget", type=whole(1), default=64)  # SearchConfig's default
+    ap.add_argument("--objective", default="ssim", choices=("ssim", "psnr", "lpips_ssim"))
+    ap.add_argument("--gp-seeds", type=seed_text, default="0-15", help="SearchConfig.seed of each repetition")
+    ap.add_argument("--search-seeds", type=seed_text, default="1000-1015",
+                    help="the sample seeds the search scores masks on")
+    ap.add_argument("--eval-seeds", type=seed_text, default="0-15", help="held-out sample seeds for the final quality")
     a = ap.parse_args(argv)
+    if a.k >= a.steps:
+        ap.error(f"--k {a.k}: K must be below --steps {a.steps}")
+    require_module(ap, "ray", "The cluster bench", 'install the cluster extra into this Python (README\'s venv: '
+                   '.venv/bin/pip install -e ".[cluster]" from the repository root)')
+    from ..core.errors import GCacheError
+    from ..search.config import SearchConfig as _Config
+    try:
+        _Config(k=a.k, budget=a.budget, objective=a.objective).validate_settings()
+    except GCacheError as e:  # a budget below the minimum useful one
+        ap.error(str(e))
     import ray
     import torch
     from ..reference_model.cluster import ReferenceWorker
@@ -56,9 +70,12 @@ def main(argv=None) -> dict:
 
     runs = {g: {} for g in gp_seeds}
     evaluate = h.evaluator(seeds, make_objective(a.objective))
+    progress = Progress(2 * len(gp_seeds), "cluster: sequential searches, then 1- and 2-worker pairs",
+                        expected_s=(900 if a.budget >= 64 else 720) * len(gp_seeds) / 16)
     for g in gp_seeds:
         t0 = time.perf_counter()
         runs[g]["sequential"] = (run_search(profile, cfg(g), evaluate), time.perf_counter() - t0)
+        progress.step(f"GP seed {g}: sequential search {runs[g]['sequential'][1]:.1f} s")
     ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
     executors = {w: RayExecutor.start(ReferenceWorker, w, a.steps, seeds, a.objective) for w in (1, 2)}
     for ex in executors.values():
@@ -67,6 +84,7 @@ def main(argv=None) -> dict:
         for w in ((1, 2) if n % 2 == 0 else (2, 1)):
             t0 = time.perf_counter()
             runs[g][w] = (run_search_parallel(profile, cfg(g), executors[w], q=w), time.perf_counter() - t0)
+        progress.step(f"GP seed {g}: 1 worker {runs[g][1][1]:.1f} s, 2 workers {runs[g][2][1]:.1f} s")
     for ex in executors.values():
         ex.close()
     ray.shutdown()
@@ -105,4 +123,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main, "gcache.bench.cluster"))

@@ -1,6 +1,6 @@
 """Engine cost on the reference DiT: all-ones overhead, speed-up at K = N/2 against the ideal, Profile memory.
 
-    python -m gcache.bench.engine [--steps 30 50] [--batch 8] [--repeats 7] [--threads 1]
+    python -m gcache.bench.engine [--steps 30 50] [--batch 8] [--repeats 7] [--threads 1]   # about 1 min; --repeats 15: 3
 
 Whole sampling runs of N steps, timed side by side in one process after warm-up, variants interleaved
 (plain, all-ones, K = N/2, blocks skipped entirely; shuffled every repetition) so that drift on a shared machine hits all alike;
@@ -11,10 +11,10 @@ The last line is one JSON object; its top-level figures are the worst over the s
 """
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import statistics
+import sys
 import time
 
 import torch
@@ -25,6 +25,7 @@ from ..core.step_clock import StackClock, StepClock
 from ..reference_model.harness import ReferenceHarness, labels_for
 from ..reference_model.sampler import sample
 from ..search.baselines import uniform_mask
+from .cli import BenchParser, Progress, run_main, whole
 
 
 def measure(h: ReferenceHarness, seeds: list[int], repeats: int) -> dict:
@@ -104,23 +105,24 @@ class _Identity:
         return h
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, nargs="+", default=[30, 50])
-    ap.add_argument("--batch", type=int, default=8, help="images per run (CFG doubles the model batch)")
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--threads", type=int, default=1)
+def main(argv=None) -> dict:
+    ap = BenchParser("gcache.bench.engine", __doc__)
+    ap.add_argument("--steps", type=whole(2), nargs="+", default=[30, 50])
+    ap.add_argument("--batch", type=whole(1), default=8, help="images per run (CFG doubles the model batch)")
+    ap.add_argument("--repeats", type=whole(1), default=7)
+    ap.add_argument("--threads", type=whole(1), default=1)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     seeds = list(range(a.batch))
     rows = []
+    progress = Progress(len(a.steps), "engine: step counts", expected_s=0.0045 * a.batch * a.repeats * 5 * sum(a.steps))
     for n in a.steps:
         row = measure(ReferenceHarness(n_steps=n), seeds, a.repeats)
         rows.append(row)
-        print(f"N={n:3d} K={row['K']:3d} batch={a.batch}: plain {row['plain_s'] * 1e3:.0f} ms/run, "
+        progress.step(f"N={n:3d} K={row['K']:3d} batch={a.batch}: plain {row['plain_s'] * 1e3:.0f} ms/run, "
               f"all-ones overhead {row['overhead_all_ones'] * 100:+.2f}%, speed-up at K=N/2 {row['speedup_half']:.3f}x "
               f"vs ideal {row['ideal_half']:.3f}x (ratio {row['speedup_ratio']:.3f}, io share {row['io_share']:.3f}), "
-              f"profile peak extra {row['profile_peak_extra_mb']:.2f} MB", flush=True)
+              f"profile peak extra {row['profile_peak_extra_mb']:.2f} MB")
     us = engine_call_us()
     step_ms = min(r["plain_s"] / r["N"] for r in rows) * 1e3
     print(f"engine cost of one all-ones step: {us:.1f} µs = {us / 10 / step_ms:.3f} % of a {step_ms:.1f} ms step "
@@ -133,7 +135,8 @@ def main(argv=None):
                  profile_peak_extra_mb=max(r["profile_peak_extra_mb"] for r in rows),
                  threads=a.threads, by_n={str(r["N"]): r for r in rows})
     print(json.dumps(worst))
+    return worst
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main, "gcache.bench.engine"))

@@ -6,24 +6,26 @@ from the same measurements (forecaster_check.pick) and the chosen mask is sample
 forecaster measured (PSNR dB against full compute). Prints, per rule, the median and the worst held-out gain over
 keeping the search's own forecaster ("never"), and how often the rule switched.
 
-    python -m gcache.bench.forecaster_check                 # K = 6, 8, 10, 15, 20; budget 48; GP seeds 0-2: ~6 min
+    python -m gcache.bench.forecaster_check                 # K = 6, 8, 10, 15, 20; budget 48; GP seeds 0-2: about 8 min
     python -m gcache.bench.forecaster_check --budget 64
 
 Ends with one JSON line.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
+import sys
 
-from .search_setup import FittedSetup, add_arguments
+from .cli import BenchParser, Progress, run_main
+from .search_setup import FittedSetup, add_arguments, check_ks
 
 
 def main(argv=None, harness_factory=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = BenchParser("gcache.bench.forecaster_check", __doc__)
     add_arguments(ap)
     a = ap.parse_args(argv)
+    check_ks(ap, a)
     from ..search import forecaster_check
     from ..search.bilevel import run_search
     from ..search.config import SearchConfig
@@ -32,6 +34,8 @@ def main(argv=None, harness_factory=None) -> dict:
     own = "fitted"
 
     runs = []
+    progress = Progress(len(a.ks) * len(gp_seeds), "forecaster check: searches", expected_s=32.0 * len(a.ks) *
+                        len(gp_seeds) * a.budget / 48)
     for k in a.ks:
         for g in gp_seeds:
             res = run_search(profile, SearchConfig(k=k, budget=a.budget, seed=g, objective="ssim", forecast=own),
@@ -47,9 +51,9 @@ def main(argv=None, harness_factory=None) -> dict:
                 pick = forecaster_check.pick(res.state["masks"][key], checked["results"], g, rule) or own
                 run["picks"][rule] = {"forecaster": pick, "gain_db": round(psnrs[pick] - psnrs[own], 3)}
             runs.append(run)
-            print(f"K = {k}, GP seed {g}: held-out " + ", ".join(f"{n} {v:.2f} dB" for n, v in psnrs.items()) +
-                  "; search loss " + ", ".join(f"{n} {v:.4g}" for n, v in run["loss"].items()) + "; picks " +
-                  ", ".join(f"{r}: {p['forecaster']}" for r, p in run["picks"].items()), flush=True)
+            progress.step(f"K = {k}, GP seed {g}: held-out " + ", ".join(f"{n} {v:.2f} dB" for n, v in psnrs.items())
+                          + "; search loss " + ", ".join(f"{n} {v:.4g}" for n, v in run["loss"].items()) + "; picks "
+                          + ", ".join(f"{r}: {p['forecaster']}" for r, p in run["picks"].items()))
     out = {"budget": a.budget, "gp_seeds": gp_seeds, "runs": runs, "rules": {}}
     for rule in forecaster_check.RULES:
         gains = [r["picks"][rule]["gain_db"] for r in runs]
@@ -66,4 +70,4 @@ def main(argv=None, harness_factory=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main, "gcache.bench.forecaster_check"))

@@ -9,30 +9,30 @@ K of N on three masks (uniform; the theory-DP instant masks of fitted and of l2p
 held-out --eval-seeds; rows are PSNR dB against full compute, and the summary the median over (K, mask) of each
 forecaster minus fitted, with its spread (min, max).
 
-    python -m gcache.bench.l2p_keeps                    # N = 30, K = 10, 15, 20
+    python -m gcache.bench.l2p_keeps                    # N = 30, K = 10, 15, 20: about 2 min
 
-Ends with one JSON line. Measured (this command, default seeds, one CPU thread; PSNR is deterministic here): minus
-fitted, median over the 9 (K, mask), l2p +0.18 dB (min −1.08, max +1.58), l2p_profile_all −0.01 (−0.85, +1.80),
-l2p_all −0.01 (−0.84, +1.79). Keeping 4 was ahead of keeping all at K = 15 (53.64 vs 52.79 dB on both DP masks) and
-on fitted's K = 20 mask (59.28 vs 58.77), behind on the uniform masks and l2p's own K = 20 mask (61.56 vs 62.83);
-all three lost to fitted at K = 10 (by 0.03-1.08 dB). The profile's Gram statistics fit as well as the full
-trajectories (l2p_profile_all within 0.22 dB of l2p_all everywhere).
+Ends with one JSON line. PSNR is deterministic here; the figures of the last stored run are in
+bench/results/l2p_keeps.json (python -m gcache.bench.runs l2p_keeps reruns it).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
+import sys
+
+from .cli import BenchParser, Progress, run_main, seed_text, whole
 
 
 def main(argv=None, harness_factory=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--k", type=int, nargs="+", default=[10, 15, 20])
-    ap.add_argument("--profile-seeds", default="1000-1007")
-    ap.add_argument("--eval-seeds", default="0-15")
-    ap.add_argument("--threads", type=int, default=1)
+    ap = BenchParser("gcache.bench.l2p_keeps", __doc__)
+    ap.add_argument("--steps", type=whole(4), default=30)
+    ap.add_argument("--k", type=whole(2), nargs="+", default=[10, 15, 20])
+    ap.add_argument("--profile-seeds", type=seed_text, default="1000-1007")
+    ap.add_argument("--eval-seeds", type=seed_text, default="0-15")
+    ap.add_argument("--threads", type=whole(1), default=1)
     a = ap.parse_args(argv)
+    if any(k >= a.steps for k in a.k):
+        ap.error(f"--k {' '.join(map(str, a.k))}: every K must be below --steps {a.steps}")
     from ..core import forecasters
     from ..core.forecasters.l2p import L2P
     from ..reference_model.harness import ReferenceHarness
@@ -54,6 +54,7 @@ def main(argv=None, harness_factory=None) -> dict:
     ref = h.full(eval_seeds)
     names = ("fitted", "l2p", "l2p_profile_all", "l2p_all")
     rows = []
+    progress = Progress(3 * len(a.k), "l2p keeps: (K, mask) pairs", expected_s=12.0 * len(a.k) * a.steps / 10)
     for k in a.k:
         masks = {"uniform": uniform_mask(a.steps, k),
                  "fitted_dp": instant_policy(profile, k, "theory", forecast="fitted").mask,
@@ -65,7 +66,7 @@ def main(argv=None, harness_factory=None) -> dict:
                 img, _ = h.run(eval_seeds, mask, forecast=name, forecast_params=params)
                 row[name] = round(psnr(img, ref), 3)
             rows.append(row)
-            print(f"K = {k}, {where}: " + ", ".join(f"{n} {row[n]:.2f}" for n in names) + " dB")
+            progress.step(f"K = {k}, {where}: " + ", ".join(f"{n} {row[n]:.2f}" for n in names) + " dB")
     out = {"N": a.steps, "rows": rows, "minus_fitted_db": {}}
     for name in names[1:]:
         d = [r[name] - r["fitted"] for r in rows]
@@ -79,4 +80,4 @@ def main(argv=None, harness_factory=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main, "gcache.bench.l2p_keeps"))

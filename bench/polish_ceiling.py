@@ -13,25 +13,27 @@ the search's own loss on the search seeds and PSNR on held-out seeds against ful
 - with --climb B, a long polish (the search again at budget B with polish) and its held-out gain: how far chains of
   moves get.
 
-    python -m gcache.bench.polish_ceiling                      # K = 8, 10; budget 48; ~6 min on one CPU core
+    python -m gcache.bench.polish_ceiling                      # K = 8, 10; budget 48; about 6 min on one CPU core
     python -m gcache.bench.polish_ceiling --ks 10 --climb 160
 
 Ends with one JSON line.
 """
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 
-from .search_setup import FittedSetup, add_arguments
+from .cli import BenchParser, Progress, run_main, whole
+from .search_setup import FittedSetup, add_arguments, check_ks
 
 
 def main(argv=None, harness_factory=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = BenchParser("gcache.bench.polish_ceiling", __doc__)
     add_arguments(ap, ks=(8, 10), gp_seeds=None)
-    ap.add_argument("--climb", type=int, default=0, help="also run the search with polish at this budget")
-    ap.add_argument("--seed", type=int, default=0, help="the search's GP seed")
+    ap.add_argument("--climb", type=whole(0), default=0, help="also run the search with polish at this budget")
+    ap.add_argument("--seed", type=whole(0), default=0, help="the search's GP seed")
     a = ap.parse_args(argv)
+    check_ks(ap, a)
     import numpy as np
 
     from ..core import forecasters
@@ -48,6 +50,8 @@ def main(argv=None, harness_factory=None) -> dict:
         return {"loss": float(np.mean(per_seed)), "per_seed": per_seed}
 
     out = {"budget": a.budget, "gp_seed": a.seed, "per_k": {}}
+    progress = Progress(len(a.ks), "polish ceiling: K (a search and every one-move neighbour)",
+                        expected_s=180.0 * len(a.ks))
     for k in a.ks:
         cfg = dict(k=k, budget=a.budget, seed=a.seed, objective="ssim", forecast=fc.name)
         base = run_search(profile, SearchConfig(**cfg, polish_share=0.0), evaluate)
@@ -68,11 +72,11 @@ def main(argv=None, harness_factory=None) -> dict:
                "lowest_loss_neighbour_gain_db": lowest["gain_db"],
                "lowest_loss_minus_search_loss": round(lowest["loss"] - root_m["loss"], 6),
                "accepted_neighbours": len(kept), "best_accepted_gain_db": first["gain_db"] if first else None}
-        print(f"K = {k}: search (no polish, {base.policy.provenance['won']}) {root_psnr:.2f} dB held-out; "
+        progress.step(f"K = {k}: search (no polish, {base.policy.provenance['won']}) {root_psnr:.2f} dB held-out; "
               f"{len(rows)} one-move neighbours: best held-out gain {best['gain_db']:+.2f} dB "
               f"({res['neighbours_gaining_0.5db']} gain ≥ 0.5 dB); lowest-loss neighbour {lowest['gain_db']:+.2f} dB "
               f"(loss {res['lowest_loss_minus_search_loss']:+.2e}); {len(kept)} accepted by both halves"
-              + (f", the lowest-loss of them {first['gain_db']:+.2f} dB" if first else ""), flush=True)
+              + (f", the lowest-loss of them {first['gain_db']:+.2f} dB" if first else ""))
         if a.climb:
             long = run_search(profile, SearchConfig(**{**cfg, "budget": a.climb}), evaluate)
             key = "".join(map(str, long.policy.mask))
@@ -88,4 +92,4 @@ def main(argv=None, harness_factory=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main, "gcache.bench.polish_ceiling"))

@@ -8,28 +8,32 @@ CHAIN_Z = 0 (any verified chain), 1 and ∞ (the noise margin only), and each ch
 dB against full compute). Prints the median over GP seeds of each rule's gain over the search without polish, and for
 every run the chosen chain's z (its paired gain over the fallback in standard errors).
 
-    python -m gcache.bench.polish_choice --budget 48          # ~20 min on one CPU core
+    python -m gcache.bench.polish_choice --budget 48          # about 20 min on one CPU core
     python -m gcache.bench.polish_choice --budget 64
 
 Ends with one JSON line.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
+import sys
+
+from .cli import BenchParser, Progress, run_main, seed_text, whole
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ks", type=int, nargs="+", default=[6, 8, 10, 15, 20])
-    ap.add_argument("--budget", type=int, default=64)
-    ap.add_argument("--gp-seeds", default="0-2")
-    ap.add_argument("--search-seeds", default="1000-1015")
-    ap.add_argument("--eval-seeds", default="0-31")
-    ap.add_argument("--threads", type=int, default=1)
+    ap = BenchParser("gcache.bench.polish_choice", __doc__)
+    ap.add_argument("--ks", type=whole(2), nargs="+", default=[6, 8, 10, 15, 20])
+    ap.add_argument("--budget", type=whole(1), default=64)
+    ap.add_argument("--gp-seeds", type=seed_text, default="0-2")
+    ap.add_argument("--search-seeds", type=seed_text, default="1000-1015")
+    ap.add_argument("--eval-seeds", type=seed_text, default="0-31")
+    ap.add_argument("--threads", type=whole(1), default=1)
     a = ap.parse_args(argv)
+    if any(k >= 30 for k in a.ks):
+        ap.error(f"--ks {' '.join(map(str, a.ks))}: every K must be below the 30 steps this bench samples")
     from ..core import forecasters
     from ..reference_model.harness import ReferenceHarness
     from ..search.bilevel import run_search
@@ -55,6 +59,8 @@ def main(argv=None) -> dict:
 
     rules = {"0": 0.0, "1": 1.0, "inf": math.inf}
     runs = []
+    progress = Progress(len(a.ks) * len(gp_seeds), "polish choice: (K, GP seed) pairs, 2 searches each",
+                        expected_s=1200.0 * len(a.ks) * len(gp_seeds) * a.budget / 48 / 15)
     for k in a.ks:
         for g in gp_seeds:
             cfg = dict(k=k, budget=a.budget, seed=g, objective="ssim", forecast=fc.name)
@@ -70,9 +76,8 @@ def main(argv=None) -> dict:
                 run["rules"][name] = {"psnr": held_out(chosen["mask"]), "kind": chosen.get("kind", "final"),
                                       "z": round(-gain["mean"] / gain["se"], 2) if gain and gain["se"] else None}
             runs.append(run)
-            print(f"K = {k}, GP seed {g}: no polish {run['no_polish']:.2f} dB; " + "; ".join(
-                f"CHAIN_Z {n}: {r['psnr']:.2f} dB ({r['kind']}, z {r['z']})" for n, r in run["rules"].items()),
-                flush=True)
+            progress.step(f"K = {k}, GP seed {g}: no polish {run['no_polish']:.2f} dB; " + "; ".join(
+                f"CHAIN_Z {n}: {r['psnr']:.2f} dB ({r['kind']}, z {r['z']})" for n, r in run["rules"].items()))
     out = {"budget": a.budget, "gp_seeds": gp_seeds, "runs": runs, "median_gain_db": {}}
     for name in rules:
         out["median_gain_db"][name] = {str(k): round(statistics.median(
@@ -84,4 +89,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main, "gcache.bench.polish_choice"))

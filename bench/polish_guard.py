@@ -6,24 +6,26 @@ policy is sampled on held-out seeds (PSNR dB against full compute, under the pol
 guard the median over GP seeds of polish − no polish per K, and how many searches each guard won, lost and tied
 against the other.
 
-    python -m gcache.bench.polish_guard                   # K = 6, 8, 10, 15, 20; budget 48; GP seeds 0-2: ~8 min
-    python -m gcache.bench.polish_guard --budget 64
+    python -m gcache.bench.polish_guard                   # K = 6, 8, 10, 15, 20; budget 48; GP seeds 0-2: about 10 min
+    python -m gcache.bench.polish_guard --budget 64       # about 14 min
 
 Ends with one JSON line.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
+import sys
 
-from .search_setup import FittedSetup, add_arguments
+from .cli import BenchParser, Progress, run_main
+from .search_setup import FittedSetup, add_arguments, check_ks
 
 
 def main(argv=None, harness_factory=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = BenchParser("gcache.bench.polish_guard", __doc__)
     add_arguments(ap)
     a = ap.parse_args(argv)
+    check_ks(ap, a)
     from ..search.bilevel import run_search
     from ..search.config import SearchConfig
     from ..search.polish import GUARDS
@@ -34,6 +36,8 @@ def main(argv=None, harness_factory=None) -> dict:
         return setup.held_out(pol.mask, pol.forecast, pol.forecast_params)
 
     runs = []
+    progress = Progress(len(a.ks) * len(gp_seeds), "polish guard: (K, GP seed) pairs, 3 searches each",
+                        expected_s=40.0 * len(a.ks) * len(gp_seeds) * a.budget / 48)
     for k in a.ks:
         for g in gp_seeds:
             cfg = dict(k=k, budget=a.budget, seed=g, objective="ssim", forecast="fitted")
@@ -44,9 +48,8 @@ def main(argv=None, harness_factory=None) -> dict:
                 run["guards"][guard] = {"psnr": held_out(res.policy), "won": res.policy.provenance["won"],
                                         "accepted": res.policy.provenance["polish"]["accepted"]}
             runs.append(run)
-            print(f"K = {k}, GP seed {g}: no polish {run['no_polish']:.2f} dB; " + "; ".join(
-                f"{n}: {r['psnr']:.2f} dB ({r['won']}, {r['accepted']} moves kept)" for n, r in run["guards"].items()),
-                flush=True)
+            progress.step(f"K = {k}, GP seed {g}: no polish {run['no_polish']:.2f} dB; " + "; ".join(
+                f"{n}: {r['psnr']:.2f} dB ({r['won']}, {r['accepted']} moves kept)" for n, r in run["guards"].items()))
     out = {"budget": a.budget, "gp_seeds": gp_seeds, "runs": runs, "median_gain_db": {}, "z_vs_halves": {}}
     for guard in GUARDS:
         out["median_gain_db"][guard] = {str(k): round(statistics.median(
@@ -63,4 +66,4 @@ def main(argv=None, harness_factory=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main, "gcache.bench.polish_guard"))

@@ -6,7 +6,7 @@ sampled on held-out seeds: PSNR dB against full compute. The share 0 is the GP-o
 share, the median over GP seeds of the held-out PSNR and of its gain over share 0, and the share with the best median
 gain over the Ks (ties: the smaller share).
 
-    python -m gcache.bench.polish_split                      # ~50 min on one CPU core
+    python -m gcache.bench.polish_split                      # about 50 min on one CPU core
     python -m gcache.bench.polish_split --ks 10 --gp-seeds 0-1 --shares 0 0.5
     python -m gcache.bench.polish_split --shares 0 0.5 --order seeded   # the moves of a ring in a seeded order
 
@@ -14,26 +14,33 @@ Ends with one JSON line.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
+import sys
 import time
+
+from .cli import BenchParser, Progress, number, run_main, seed_text, whole
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--ks", type=int, nargs="+", default=[6, 8, 10, 15, 20])
-    ap.add_argument("--shares", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75])
-    ap.add_argument("--budget", type=int, default=64, help="evaluations per search (GCache Search's default)")
-    ap.add_argument("--gp-seeds", default="0-3", help="SearchConfig.seed of each repetition")
+    ap = BenchParser("gcache.bench.polish_split", __doc__)
+    ap.add_argument("--steps", type=whole(4), default=30)
+    ap.add_argument("--ks", type=whole(2), nargs="+", default=[6, 8, 10, 15, 20])
+    ap.add_argument("--shares", type=number(0.0, 1.0), nargs="+", default=[0.0, 0.25, 0.5, 0.75])
+    ap.add_argument("--budget", type=whole(1), default=64, help="evaluations per search (GCache Search's default)")
+    ap.add_argument("--gp-seeds", type=seed_text, default="0-3", help="SearchConfig.seed of each repetition")
     ap.add_argument("--forecast", default="fitted", help="the forecaster masks are judged with (auto's pick here)")
     ap.add_argument("--order", default="bound", choices=("bound", "seeded"), help="SearchConfig.polish_order")
-    ap.add_argument("--objective", default="ssim")
-    ap.add_argument("--search-seeds", default="1000-1015")
-    ap.add_argument("--eval-seeds", default="0-31")
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--objective", default="ssim", choices=("ssim", "psnr", "lpips_ssim"))
+    ap.add_argument("--search-seeds", type=seed_text, default="1000-1015")
+    ap.add_argument("--eval-seeds", type=seed_text, default="0-31")
+    ap.add_argument("--threads", type=whole(1), default=1)
     a = ap.parse_args(argv)
+    if any(k >= a.steps for k in a.ks):
+        ap.error(f"--ks {' '.join(map(str, a.ks))}: every K must be below --steps {a.steps}")
+    from ..core import forecasters as registry
+    if a.forecast not in registry.names():
+        ap.error(f"--forecast {a.forecast}: one of {', '.join(registry.names())}")
     from ..core import forecasters
     from ..reference_model.harness import ReferenceHarness
     from ..search.bilevel import run_search
@@ -57,6 +64,8 @@ def main(argv=None) -> dict:
         return held[key]
 
     table = {}
+    progress = Progress(len(a.ks) * len(gp_seeds), "polish split: (K, GP seed) pairs",
+                        expected_s=3000.0 * len(a.ks) * len(gp_seeds) * len(a.shares) / 80)
     for k in a.ks:
         for g in gp_seeds:
             for share in a.shares:
@@ -66,8 +75,8 @@ def main(argv=None) -> dict:
                 table.setdefault(k, {}).setdefault(share, []).append(
                     {"gp_seed": g, "psnr": round(held_out(res.policy.mask), 3), "loss": res.policy.metrics["loss"],
                      "won": res.policy.provenance["won"], "accepted": res.policy.provenance["polish"]["accepted"]})
-            print(f"K = {k}, GP seed {g}: " + ", ".join(
-                f"share {s}: {table[k][s][-1]['psnr']:.2f} dB ({table[k][s][-1]['won']})" for s in a.shares), flush=True)
+            progress.step(f"K = {k}, GP seed {g}: " + ", ".join(
+                f"share {s}: {table[k][s][-1]['psnr']:.2f} dB ({table[k][s][-1]['won']})" for s in a.shares))
     out = {"N": a.steps, "budget": a.budget, "forecast": fc.name, "order": a.order, "gp_seeds": gp_seeds, "rows": [],
            "median_gain": {}}
     print(f"\nmedian over {len(gp_seeds)} GP seeds: held-out PSNR dB (gain over the GP-only search, paired by seed)")
@@ -95,4 +104,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main, "gcache.bench.polish_split"))

@@ -22,7 +22,7 @@ Also: search evaluations (distinct masks), wall time, GP seconds per iteration a
 the reuse search needed to come within 0.3 dB (held-out PSNR) of its full-budget result. `--gp-n 500` times the GP
 step at n = 500 observations (cold fit with restarts vs warm start, side by side).
 
-    python -m gcache.bench.quality --quick          # N = 30, budget 48, GP seeds 0-2: ~25 min on one CPU core
+    python -m gcache.bench.quality --quick          # N = 30, budget 48, GP seeds 0-2: about 20 min on one CPU core
     python -m gcache.bench.quality                  # N = 30, budget 64, GP seeds 0-4
     python -m gcache.bench.quality --steps 30 50 --budget 200
 
@@ -30,15 +30,17 @@ Ends with one JSON line (the last N run).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 import warnings
 
 import numpy as np
+
+from .cli import BenchParser, Progress, run_main, seed_text, whole
 
 RIVALS = ("spectrum", "spectrum_mix", "l2p", "l2p_all")
 METHODS = ("uniform", "teacache", "local_dp", "theory_dp", "instant_1batch", "instant_1sample", "gcache",
@@ -151,6 +153,8 @@ def run_n(n_steps, args, objective, lpips_net, harness_factory=None) -> dict:
                              provenance={"seeds": search_seeds}, extra_masks=extra)
         return res, time.time() - t0
 
+    gp_all = sorted(set(gp_seeds) | {args.seed})
+    progress = args.progress(len(ks_of(n_steps)) * (1 + 2 * len(gp_all)), f"N = {n_steps}: searches")
     for k in ks_of(n_steps):
         for name, pol in all_baselines(profile, k).items():
             row(k, name, pol.mask)
@@ -166,21 +170,24 @@ def run_n(n_steps, args, objective, lpips_net, harness_factory=None) -> dict:
         row(k, "instant_auto", pol.mask, auto_forecaster[k], pol.forecast_params)
         res, wall = search(k, "reuse", args.seed)
         m = row(k, "gcache", res.policy.mask, chosen=res.policy.provenance["won"])
+        progress.step(f"K = {k}: reuse search {m['psnr']:.2f} dB held-out ({res.policy.provenance['won']})")
         row(k, "forecast_on_gcache_mask", res.policy.mask, "linear")  # linear on the reuse search's mask
         # the search with the forecaster auto picks (masks judged under it), with and without polish, per GP seed
         fc = auto_forecaster[k]
-        for g in sorted(set(gp_seeds) | {args.seed}):
+        for g in gp_all:
             for share, tag in ((None, "polish"), (0.0, "nopolish")):
                 fres, fwall = search(k, fc, g, share)
                 fpol = fres.policy
                 # the policy's forecaster: the search's, or the one its forecaster check chose for the mask
                 psnr_g = held_out(h, fpol.mask, eval_seeds, None, fpol.forecast, fpol.forecast_params)["psnr"]
+                progress.step(f"K = {k}: {fc} search, GP seed {g}, {'with' if tag == 'polish' else 'without'} "
+                              f"polish: {psnr_g:.2f} dB held-out ({fpol.forecast}, {fpol.provenance['won']})")
                 polish_runs.setdefault(k, {}).setdefault(g, {})[tag] = {
                     "psnr": round(psnr_g, 3), "loss": fpol.metrics["loss"], "won": fpol.provenance["won"],
                     "forecaster": fpol.forecast, "accepted": fpol.provenance["polish"]["accepted"],
                     "wall_s": round(fwall, 1)}
                 if g == args.seed:
-                    r = row(k, "gcache_forecast" + ("" if tag == "polish" else "_nopolish"), fpol.mask,
+                    row(k, "gcache_forecast" + ("" if tag == "polish" else "_nopolish"), fpol.mask,
                             fpol.forecast, fpol.forecast_params, chosen=fpol.provenance["won"])
                     if tag == "polish":
                         searched = fpol
@@ -273,7 +280,8 @@ def report(out: dict, objective_name: str, lpips: bool) -> dict:
         for rv, d in rivals.items() for where, per_k in d.items()))
     gp_end = [c["gp_s_per_iter_end"] for c in cost if c["gp_s_per_iter_end"] is not None]
     return {"N": n, "rows": [{"K": r["K"], "method": r["method"], "psnr": round(r["psnr"], 3),
-                              "ssim": round(r["ssim"], 4), **({"lpips": round(r["lpips"], 4)} if lpips else {})}
+                              "ssim": round(r["ssim"], 4), **({"lpips": round(r["lpips"], 4)} if lpips else {}),
+                              "forecaster": r.get("forecaster", "reuse")}
                              for r in rows],
             "gcache_minus_best_baseline_psnr_at_half": round(margin, 3), "margin_paired_se_db": round(se, 3),
             "search_minus_best_other_psnr": vs_best, "forecast_search_minus_best_other_psnr": fvs_best,
@@ -289,20 +297,24 @@ def report(out: dict, objective_name: str, lpips: bool) -> dict:
 
 
 def main(argv=None, harness_factory=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="N = 30, budget 48, GP seeds 0-2: ~25 min on one core")
-    ap.add_argument("--steps", type=int, nargs="+", default=[30])
-    ap.add_argument("--budget", type=int, default=None, help="search iterations per K (default 48 quick, 64 full)")
-    ap.add_argument("--gp-seeds", default=None, help="SearchConfig.seed of the polish comparison (default 0-2 quick, "
-                                                     "0-4 full; --seed is one of them)")
-    ap.add_argument("--degree", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--objective", default="auto", help="auto = lpips_ssim if the LPIPS backbone is present, else ssim")
-    ap.add_argument("--search-seeds", default="1000-1015")
-    ap.add_argument("--eval-seeds", default="0-15")
-    ap.add_argument("--gp-n", type=int, default=0, help="also time one GP step at this many observations (e.g. 500)")
-    ap.add_argument("--threads", type=int, default=1)
+    ap = BenchParser("gcache.bench.quality", __doc__)
+    ap.add_argument("--quick", action="store_true", help="N = 30, budget 48, GP seeds 0-2: about 20 min on one core")
+    ap.add_argument("--steps", type=whole(6), nargs="+", default=[30])
+    ap.add_argument("--budget", type=whole(1), default=None, help="search iterations per K (default 48 quick, 64 full)")
+    ap.add_argument("--gp-seeds", type=seed_text, default=None, help="SearchConfig.seed of the polish comparison "
+                    "(default 0-2 quick, 0-4 full; --seed is one of them)")
+    ap.add_argument("--degree", type=whole(1), default=3)
+    ap.add_argument("--seed", type=whole(0), default=0)
+    ap.add_argument("--objective", default="auto", choices=("auto", "lpips_ssim", "ssim", "psnr"),
+                    help="auto = lpips_ssim if the LPIPS backbone is present, else ssim")
+    ap.add_argument("--search-seeds", type=seed_text, default="1000-1015")
+    ap.add_argument("--eval-seeds", type=seed_text, default="0-15")
+    ap.add_argument("--gp-n", type=whole(0), default=0, help="also time one GP step at this many observations "
+                                                             "(e.g. 500)")
+    ap.add_argument("--threads", type=whole(1), default=1)
     a = ap.parse_args(argv)
+    minutes = 20 * (a.budget or (48 if a.quick else 64)) / 48 * len([30] if a.quick else a.steps)
+    a.progress = lambda total, what: Progress(total, what, expected_s=60 * minutes / max(1, len(a.steps)))
     from ..search.cli import set_threads
     from ..search.objectives import lpips_available, load_lpips, make_objective
     set_threads(a.threads)
@@ -333,4 +345,4 @@ def main(argv=None, harness_factory=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main, "gcache.bench.quality"))

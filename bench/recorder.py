@@ -15,12 +15,12 @@ model is stated in core/recorder.py instead.
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import importlib.util
 import io
 import json
 import os
+import pkgutil
 import random
 import statistics
 import subprocess
@@ -32,30 +32,48 @@ import time
 import torch
 
 from ..core import profile as current
+from .cli import BenchParser, Progress, run_main, whole
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def core_at(rev: str):
     """core/ as it was at `rev`, imported as a package of its own (core/ imports nothing outside itself). Its
-    profile module has ProfileRecorder at every revision (since core/recorder.py, as a name it re-exports)."""
+    profile module has ProfileRecorder at every revision (since core/recorder.py, as a name it re-exports). Every
+    module of it is imported before the extracted folder is removed: nothing is left in the temp folder."""
     archive = subprocess.run(["git", "-C", REPO, "archive", "--format=tar", rev, "core"], check=True,
                              capture_output=True).stdout
-    folder = tempfile.mkdtemp(prefix="gcache-recorder-")
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(folder, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     name = "_gcache_core_at_" + "".join(ch if ch.isalnum() else "_" for ch in rev)[:40]
-    spec = importlib.util.spec_from_file_location(name, os.path.join(folder, "core", "__init__.py"),
-                                                  submodule_search_locations=[os.path.join(folder, "core")])
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
+    with tempfile.TemporaryDirectory(prefix="gcache-recorder-") as folder:
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(folder, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+        root = os.path.join(folder, "core")
+        spec = importlib.util.spec_from_file_location(name, os.path.join(root, "__init__.py"),
+                                                      submodule_search_locations=[root])
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+        for info in pkgutil.walk_packages([root], prefix=name + "."):  # the lazily imported ones too, while they exist
+            importlib.import_module(info.name)
     return mod
 
 
 def profile_module_at(rev: str):
     """core/profile.py of core/ at `rev` (core_at), whose ProfileRecorder the bench times."""
     return importlib.import_module(core_at(rev).__name__ + ".profile")
+
+
+def revision_problem(rev: str) -> "str | None":
+    """Why `rev` names no core/ to compare against (None: it does)."""
+    try:
+        out = subprocess.run(["git", "-C", REPO, "cat-file", "-e", f"{rev}:core/profile.py"], capture_output=True,
+                             timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"git cannot be run ({e}): this bench needs git and a clone of the repository"
+    if out.returncode != 0:
+        return (f"--against {rev}: no core/ at that revision of {REPO} (it needs a git clone and a revision such "
+                "as HEAD~1)")
+    return None
 
 
 def record_run(mod, n: int, hs, ds, forecast: bool) -> float:
@@ -116,23 +134,29 @@ def kernels(repeats: int, device: str = "cpu") -> None:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = BenchParser("gcache.bench.recorder", __doc__)
     ap.add_argument("--against", help="git revision whose core/ is the baseline")
     ap.add_argument("--kernels", action="store_true", help="only time the subtraction variants (CONVERT_FIRST)")
-    ap.add_argument("--steps", type=int, default=16)
-    ap.add_argument("--elems", type=int, nargs="+", default=[1 << 16, 1 << 20])
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--steps", type=whole(2), default=16)
+    ap.add_argument("--elems", type=whole(64), nargs="+", default=[1 << 16, 1 << 20])
+    ap.add_argument("--repeats", type=whole(1), default=7)
+    ap.add_argument("--threads", type=whole(1), default=1)
     ap.add_argument("--ops", action="store_true", help="count the torch operations of each recorder instead of timing")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     if a.kernels:
         kernels(a.repeats, "cuda" if torch.cuda.is_available() else "cpu")
-        return
+        return None
     if not a.against:
         ap.error("--against <git revision> is needed (or --kernels)")
+    why = revision_problem(a.against)
+    if why:
+        ap.error(why)
     old = profile_module_at(a.against)
     rows = []
+    cases = sum(2 * (1 + (e <= 1 << 18)) for e in a.elems)
+    progress = Progress(cases, "recorder: cases (elements, dtype, forecast)",
+                        expected_s=sum(2e-6 * e * a.steps * a.repeats * 2 * 2 for e in a.elems))
     for elems in a.elems:
         for dtype in (torch.float32, torch.bfloat16):
             for forecast in (False, True):
@@ -161,11 +185,13 @@ def main(argv=None):
                        "new_ms": round(statistics.median(t["new"]) * 1e3, 3),
                        "spread_new_ms": round((max(t["new"]) - min(t["new"])) * 1e3, 3), "new_over_old": round(ratio, 3)}
                 rows.append(row)
-                print(f"m={elems:8d} {row['dtype']:8s} forecast={forecast!s:5s}: old {row['old_ms']:8.3f} ms/step, "
-                      f"new {row['new_ms']:8.3f} ms/step (spread {row['spread_new_ms']:.3f}), new/old {ratio:.3f}",
-                      flush=True)
-    print(json.dumps({"against": a.against, "steps": a.steps, "threads": a.threads, "rows": rows}))
+                progress.step(f"m={elems:8d} {row['dtype']:8s} forecast={forecast!s:5s}: old {row['old_ms']:8.3f} "
+                              f"ms/step, new {row['new_ms']:8.3f} ms/step (spread {row['spread_new_ms']:.3f}), new/old "
+                              f"{ratio:.3f}")
+    out = {"against": a.against, "steps": a.steps, "threads": a.threads, "rows": rows}
+    print(json.dumps(out))
+    return out
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main, "gcache.bench.recorder"))

@@ -10,15 +10,24 @@ from typing import Optional, Sequence
 
 def add_arguments(ap: argparse.ArgumentParser, ks: Sequence[int] = (6, 8, 10, 15, 20), budget: int = 48,
                   gp_seeds: Optional[str] = "0-2") -> None:
-    """--steps, --ks, --budget, --gp-seeds (unless None), --search-seeds, --eval-seeds, --threads."""
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--ks", type=int, nargs="+", default=list(ks))
-    ap.add_argument("--budget", type=int, default=budget)
+    """--steps, --ks, --budget, --gp-seeds (unless None), --search-seeds, --eval-seeds, --threads, each checked by
+    its type (bench/cli.py: a bad value ends the command in one line before any work)."""
+    from .cli import seed_text, whole
+    ap.add_argument("--steps", type=whole(4), default=30)
+    ap.add_argument("--ks", type=whole(2), nargs="+", default=list(ks))
+    ap.add_argument("--budget", type=whole(1), default=budget)
     if gp_seeds is not None:
-        ap.add_argument("--gp-seeds", default=gp_seeds)
-    ap.add_argument("--search-seeds", default="1000-1015")
-    ap.add_argument("--eval-seeds", default="0-15")
-    ap.add_argument("--threads", type=int, default=1)
+        ap.add_argument("--gp-seeds", type=seed_text, default=gp_seeds)
+    ap.add_argument("--search-seeds", type=seed_text, default="1000-1015")
+    ap.add_argument("--eval-seeds", type=seed_text, default="0-15")
+    ap.add_argument("--threads", type=whole(1), default=1)
+
+
+def check_ks(ap, a) -> None:
+    """Every K below --steps (ap.error otherwise: before the model loads)."""
+    bad = [k for k in a.ks if k >= a.steps]
+    if bad:
+        ap.error(f"--ks {' '.join(map(str, bad))}: K must be below --steps {a.steps} (K = N computes every step)")
 
 
 class FittedSetup:

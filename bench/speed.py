@@ -1,6 +1,7 @@
 """Speed of GCache Apply and Profile at real model sizes, with random weights (speed does not depend on them).
 
-    python -m gcache.bench.speed --quick                  # tiny sizes, CPU float32, a few minutes on 2 cores
+    python -m gcache.bench.speed --quick                  # tiny sizes, CPU float32, about 2 minutes on one core
+    python -m gcache.bench.speed --memory-formula         # the Profile memory formula at real sizes, seconds
     python -m gcache.bench.speed --device cuda            # Flux-dev and Wan 2.1-1.3B at real sizes, bf16
     python -m gcache.bench.speed --device cuda --model wan --steps 12 --reps 5
 
@@ -55,34 +56,64 @@ which no median repairs. Numbers from a shared machine are still noisy; read the
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
+import sys
 import time
 
 import torch
 
+from .cli import BenchParser, Progress, check_optional_comfyui, run_main, whole
 from .speed_harness import gb, measure, real_size_predictions, tune_malloc
 
 
-def main(argv=None) -> list:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="tiny sizes on the CPU in float32 (a few minutes)")
+def print_memory_formula(rows: list[dict]) -> None:
+    print("profile memory formula at real sizes (predicted from the formula, not measured):")
+    for r in rows:
+        p = r["profile"]
+        low = p["history"] + p["prev_h"]
+        kept = "every element" if p["stride"] == 1 else f"1 element in {p['stride']}"
+        print(f"  {r['name']}, N={r['N']}, {r['branches']} branch(es), S={r['residual_bytes'] / 2**20:.1f} MiB "
+              f"({kept} kept): held history {gb(p['history']):.3f} GB + prev h {gb(p['prev_h']):.3f} GB = "
+              f"{gb(low):.3f} GB; upper bound with δ {gb(p['delta_batch']):.3f} GB + row temporaries "
+              f"{gb(p['row_temps']):.3f} GB = {gb(p['total']):.3f} GB on the device (--history cpu: "
+              f"{gb(p['history']):.3f} GB host RAM, device <= {gb(p['total'] - p['history'] + p['row_temps'] / 2):.3f} GB"
+              f" incl. the streamed rows); every element kept: {gb(r['profile_unsampled']['total']):.3f} GB; Apply's "
+              f"cache {gb(r['apply_cache_bytes']):.3f} GB")
+
+
+def main(argv=None):
+    ap = BenchParser("gcache.bench.speed", __doc__)
+    ap.add_argument("--quick", action="store_true", help="tiny sizes on the CPU in float32 (about 2 minutes)")
+    ap.add_argument("--memory-formula", action="store_true",
+                    help="only print the memory formula at real sizes (seconds) and end with its JSON line")
     ap.add_argument("--model", choices=("flux", "wan", "all"), default="all")
     ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available and not --quick)")
     ap.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                     help="default bfloat16 on cuda, float32 on cpu")
-    ap.add_argument("--steps", type=int, default=12, help="N sampler steps per run (K = N/2 and N/3)")
-    ap.add_argument("--reps", type=int, default=5, help="timed repetitions per variant (medians)")
-    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, see the docstring)")
+    ap.add_argument("--steps", type=whole(6), default=12, help="N sampler steps per run (K = N/2 and N/3; at least 6)")
+    ap.add_argument("--reps", type=whole(1), default=5, help="timed repetitions per variant (medians)")
+    ap.add_argument("--threads", type=whole(1), default=1, help="torch CPU threads (default 1, see the docstring)")
     ap.add_argument("--history", choices=("device", "cpu"), default="device", help="ProfileRecorder history_device")
     args = ap.parse_args(argv)
+    if args.memory_formula:
+        rows = real_size_predictions()
+        print_memory_formula(rows)
+        print(json.dumps({"memory_formula": rows}))
+        return rows
+    check_optional_comfyui(ap)
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        ap.error(f"--device {args.device}: name cuda, cuda:N or cpu")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: this torch ({torch.__version__}) sees no CUDA GPU; use --device cpu")
+    if device.type not in ("cuda", "cpu"):
+        ap.error(f"--device {args.device}: name cuda, cuda:N or cpu")
     if args.dtype is None:
         args.dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
-    if args.steps < 6 or args.reps < 1:
-        ap.error("--steps must be >= 6 (K = N/3 >= 2) and --reps >= 1")
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
     if not args.device.startswith("cuda"):
@@ -92,17 +123,13 @@ def main(argv=None) -> list:
     else:
         print("models: bench/speed.py's own torch definitions (COMFYUI_PATH not set)")
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
-    print("profile memory formula at real sizes (predicted from the formula, not measured):")
-    for name, n, b, s, p in real_size_predictions():
-        low = p["history"] + p["prev_h"]
-        print(f"  {name}, N={n}, {b} branch(es), S={s / 2**20:.1f} MiB: held history {gb(p['history']):.3f} GB + prev h "
-              f"{gb(p['prev_h']):.3f} GB = {gb(low):.3f} GB; upper bound with δ {gb(p['delta_batch']):.3f} GB + row "
-              f"temporaries {gb(p['row_temps']):.3f} GB = {gb(p['total']):.3f} GB on the device "
-              f"(--history cpu: {gb(p['history']):.3f} GB host RAM, device <= {gb(p['total'] - p['history'] + p['row_temps'] / 2):.3f} GB"
-              " incl. the streamed rows)")
+    print_memory_formula(real_size_predictions())
     lines = []
-    for fam in (("flux", "wan") if args.model == "all" else (args.model,)):
+    families = ("flux", "wan") if args.model == "all" else (args.model,)
+    progress = Progress(len(families), "speed: models", expected_s=50.0 * len(families) if args.quick else None)
+    for fam in families:
         lines.append(measure(fam, args))
+        progress.step(f"{fam} measured")
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
     print(json.dumps({"models": lines}))  # one JSON line, as every bench/ script ends
@@ -110,4 +137,4 @@ def main(argv=None) -> list:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main, "gcache.bench.speed"))

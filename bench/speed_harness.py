@@ -2,11 +2,13 @@
 (speed.py's docstring says what is measured and how)."""
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import platform
 import random
 import statistics
+import sys
 import time
 from dataclasses import asdict
 from typing import Callable, Optional
@@ -114,7 +116,7 @@ class Bench:
             torch.cuda.synchronize()
             return torch.cuda.max_memory_allocated() - base
         from torch.profiler import ProfilerActivity, profile
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as p:
+        with quiet_native_output(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as p:
             self.run(variant)
         evs = sorted((e.start_ns(), e.nbytes()) for e in p.profiler.kineto_results.events() if e.name() == "[memory]")
         cur = peak = 0
@@ -206,9 +208,12 @@ def build(family: str, size, device, dtype, use_comfy: bool):
 
 def predicted_profile_bytes(numel_branch: int, itemsize: int, n: int, branches: int, chunk_elems: int = 1 << 25,
                             width: int = 1, max_elems: Optional[int] = MAX_ELEMS) -> dict:
-    """core/recorder.py's memory model: history and previous h of m sampled elements per branch, the batch's δ,
-    and the row temporaries (m = numel up to max_elems, else every stride-th element)."""
-    m = len(range(0, numel_branch, sample_stride(numel_branch, width, max_elems)))
+    """core/recorder.py's memory model for a residual of numel_branch elements per branch whose last dimension is
+    `width`: the history and the previous h of the m elements the recorder keeps (all of them up to max_elems, else
+    every stride-th, core/recorder.py sample_stride: the stride depends on the width), the batch's δ, and the row
+    temporaries. "history" + "prev_h" is what ProfileRecorder.peak_bytes counts."""
+    stride = sample_stride(numel_branch, width, max_elems)
+    m = len(range(0, numel_branch, stride))
     s, full = m * itemsize, numel_branch * itemsize
     r = min(max(1, chunk_elems // max(1, m)), n)
     hist = branches * n * s
@@ -216,20 +221,53 @@ def predicted_profile_bytes(numel_branch: int, itemsize: int, n: int, branches: 
     # offloaded, and δ in float32 when δ is not float32 (differences are formed in float32).
     temps = r * m * 4 + r * s + (0 if itemsize == 4 else m * 4)
     return {"history": hist, "prev_h": branches * s, "delta_batch": branches * full, "row_temps": temps,
-            "total": hist + branches * s + branches * full + temps}
+            "total": hist + branches * s + branches * full + temps, "kept_elements": m, "stride": stride}
 
 
-def real_size_predictions() -> list:
-    """The memory formula at real sizes (bf16), for the text report."""
+def profile_formula(h: torch.Tensor, n: int, branches: int, recorder: ProfileRecorder) -> dict:
+    """predicted_profile_bytes for a block input h of the whole batch (its branches stacked on dim 0), as `recorder`
+    keeps it (its max_elems; the sample's stride depends on h's last dimension)."""
+    return predicted_profile_bytes(h.numel() // branches, h.element_size(), n, branches,
+                                   chunk_elems=recorder.chunk_elems, width=h.shape[-1], max_elems=recorder.max_elems)
+
+
+def real_size_predictions() -> list[dict]:
+    """The memory formula at real sizes (bf16): Profile's bytes as recorded (sampled above MAX_ELEMS) and as they
+    would be without sampling, and the cache Apply holds (one residual per branch)."""
     rows = []
     f, w = FluxSize(), WanSize()
     flux_numel = (f.lat_h // 2) * (f.lat_w // 2) * f.width
     wan_numel = w.frames * (w.lat_h // 2) * (w.lat_w // 2) * w.width
-    for name, numel, b, n in (("flux-dev 1024² bf16", flux_numel, 1, 30), ("wan2.1-1.3B 81f 480p bf16", wan_numel, 2, 30),
-                              ("wan2.1-1.3B 81f 480p bf16", wan_numel, 2, 50)):
-        p = predicted_profile_bytes(numel, 2, n, b, width=f.width if name.startswith("flux") else w.width)
-        rows.append((name, n, b, numel * 2, p))
+    for model, name, numel, width, b, n in (
+            ("flux", "Flux-dev 1024², batch 1", flux_numel, f.width, 1, 30),
+            ("wan", "Wan 2.1 1.3B 81f 480p, CFG", wan_numel, w.width, 2, 30),
+            ("wan", "Wan 2.1 1.3B 81f 480p, CFG", wan_numel, w.width, 2, 50)):
+        p = predicted_profile_bytes(numel, 2, n, b, width=width)
+        exact = predicted_profile_bytes(numel, 2, n, b, width=width, max_elems=None)
+        rows.append({"model": model, "name": name, "N": n, "branches": b, "elements_per_branch": numel,
+                     "residual_bytes": numel * 2, "apply_cache_bytes": b * numel * 2, "profile": p,
+                     "profile_unsampled": exact})
     return rows
+
+
+@contextlib.contextmanager
+def quiet_native_output():
+    """Silence what native code writes to stdout and stderr (the torch profiler's own lines on a CPU-only machine:
+    'profiler_start', 'gpuGetDeviceCount failed', allocator warnings) for the duration; Python's output is flushed
+    first and is not affected afterwards."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
 
 
 def tune_malloc() -> str:
@@ -295,10 +333,10 @@ def measure(family: str, args) -> dict:
         bench.run("half")
         apply_bytes = bench.last_stats["half"].peak_bytes
         x = bench.inp["x"]
-        numel = None
+        formula = None
         if not isinstance(model, ComfyModel):
             h, _ = model.f_in(x, torch.zeros(x.shape[0], device=device), **{k: v for k, v in bench.inp.items() if k != "x"})
-            numel = h.numel() // h.shape[0]
+            formula = profile_formula(h, n, len(model.branches), bench.last_recorder)
 
     med = {v: statistics.median(s) for v, s in samples.items()}
     pr = paired(samples, n)
@@ -331,15 +369,17 @@ def measure(family: str, args) -> dict:
               f"{pieces['h_snapshot'] * 1e3:.3f} ms = {pieces['h_snapshot'] / T * 100:.3f} % of T; such a step's "
               f"engine call {pieces['engine_store_call'] * 1e3:.3f} ms vs z − h alone {pieces['delta_z_minus_h'] * 1e3:.3f} ms")
     itemsize = torch.empty((), dtype=dtype).element_size()
-    if numel is not None:
-        b = len(model.branches)
-        p = predicted_profile_bytes(numel, itemsize, n, b)
+    if formula is not None:
+        b, p = len(model.branches), formula
+        numel = h.numel() // h.shape[0]
         low = p["history"] + p["prev_h"]
+        kept = "every element" if p["stride"] == 1 else f"1 element in {p['stride']}"
         print(f"profile memory, measured: peak extra {extra / 2**20:.3f} MiB (profile run {peak_prof / 2**20:.2f} MiB − "
               f"all-ones run {peak_ones / 2**20:.2f} MiB), recorder.peak_bytes {rec_peak / 2**20:.3f} MiB; predicted from "
-              f"the formula: held B·(N+1)·S = {low / 2**20:.3f} MiB <= extra <= upper bound {p['total'] / 2**20:.3f} MiB "
-              f"({', '.join(f'{k} {v / 2**20:.3f}' for k, v in p.items() if k != 'total')} MiB) -> "
-              f"{'MET' if low <= extra <= p['total'] else 'NOT MET'}")
+              f"the formula ({kept} of the residual kept): held B·(N+1)·S = {low / 2**20:.3f} MiB <= extra <= upper "
+              f"bound {p['total'] / 2**20:.3f} MiB ("
+              f"{', '.join(f'{k} {v / 2**20:.3f}' for k, v in p.items() if k in ('history', 'prev_h', 'delta_batch', 'row_temps'))}"
+              f" MiB) -> {'MET' if low <= extra <= p['total'] else 'NOT MET'}")
         print(f"Apply cache held (K=N/2), measured: {apply_bytes / 2**20:.3f} MiB; predicted B·S = {b * numel * itemsize / 2**20:.3f} MiB")
     dev = torch.cuda.get_device_name(device) if device.type == "cuda" else \
         f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
@@ -352,6 +392,9 @@ def measure(family: str, args) -> dict:
             "speedup_half": round(pr["sp_half"][0], 4), "ideal_half": round(pr["ideal_half"][0], 4),
             "speedup_third": round(pr["sp_third"][0], 4), "ideal_third": round(pr["ideal_third"][0], 4),
             "recorder_peak_gb": round(gb(rec_peak), 6), "apply_cache_gb": round(gb(apply_bytes), 6),
+            **({"profile_predicted_low_gb": round(gb(low), 6), "profile_predicted_high_gb": round(gb(p["total"]), 6),
+                "profile_formula_met": low <= extra <= p["total"], "profile_sample_stride": p["stride"]}
+               if formula is not None else {}),
             **({"snapshot_ms": round(pieces["h_snapshot"] * 1e3, 4),
                 "snapshot_share": round(pieces["h_snapshot"] / T, 6)} if pieces else {}),
             "date": time.strftime("%Y-%m-%d")}

@@ -23,12 +23,14 @@ less its steps) and added to both runs of the formula in "predicted with the run
 
 The machine's load average is recorded at the start and the end. Ends with one JSON line.
 
-    python -m gcache.bench.speedup_prediction [--reruns 5] [--repeats 5]
-    COMFYUI_PATH=/path/to/ComfyUI python -m gcache.bench.speedup_prediction
+    python -m gcache.bench.speedup_prediction [--reruns 5] [--repeats 5]      # the reference model: about 2 min
+    COMFYUI_PATH=/path/to/ComfyUI python -m gcache.bench.speedup_prediction  # and the tiny ComfyUI models: about 25 min
+
+COMFYUI_PATH names a ComfyUI folder (the one with main.py) whose requirements this venv has (docs/development.md);
+it is checked, and ComfyUI imported, before any work.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -41,6 +43,7 @@ from typing import Callable, Optional
 from ..core.engine import CacheStats, ResidualCache
 from ..core.policy import predicted_speedup
 from ..core.profile import Profile
+from .cli import BenchParser, Progress, check_optional_comfyui, run_main, whole
 
 
 def spread(values: list[float]) -> dict:
@@ -108,7 +111,7 @@ def step_costs(profiled: CacheStats, all_ones: CacheStats, masked: list[tuple[Ca
 
 
 def rerun_rows(n: int, ks: tuple, profile_once: Callable[[], Profile], runner: Callable, all_ones: Callable,
-               reruns: int, repeats: int) -> dict:
+               reruns: int, repeats: int, progress: Optional[Progress] = None) -> dict:
     """The reruns on one model. profile_once() profiles one run; runner(policy) -> (full run, GCache run);
     all_ones() samples once under GCache Apply computing every step."""
     from ..search.instant import instant_policy
@@ -162,6 +165,8 @@ def rerun_rows(n: int, ks: tuple, profile_once: Callable[[], Profile], runner: C
                                   "logged_before": statistics.median(logged_before) if logged_before else None}
             row["step_costs"] = dict(step_costs(profiled, ones, masked), run_outside_steps_ms=outside_ms)
             rows.append(row)
+            if progress is not None:
+                progress.step(f"N = {n}: rerun {len(rows)} of {reruns}, io share {row['io_share']:.4f}")
     return summarize(n, ks, rows)
 
 
@@ -186,24 +191,33 @@ def summarize(n: int, ks: tuple, rows: list) -> dict:
     return out
 
 
-def reference(reruns: int, repeats: int) -> dict:
+def reference(reruns: int, repeats: int, progress: Optional[Progress] = None) -> dict:
     from ..reference_model.harness import ReferenceHarness
     h = ReferenceHarness(30)
     seeds = list(range(1000, 1008))
     out = rerun_rows(30, (10, 15, 20), lambda: h.profile(seeds),
                      lambda pol: (lambda: h.run(seeds, [1] * 30), lambda: h.run(seeds, pol.mask)),
-                     lambda: h.run(seeds, [1] * 30), reruns, repeats)
+                     lambda: h.run(seeds, [1] * 30), reruns, repeats, progress)
     return {"model": "reference DiT (N = 30, batch 8, CFG)", **out}
 
 
-def comfyui(reruns: int, repeats: int) -> dict:
-    sys.path.insert(0, os.environ["COMFYUI_PATH"])
+def comfyui_modules(path: str):
+    """ComfyUI's nodes module and the tests' tiny models, imported before any work (a ComfyUI that does not import
+    ends the command before the reference model's minutes)."""
+    sys.path.insert(0, path)
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "comfyui"))
     import comfy.cli_args
     import torch
     comfy.cli_args.args.cpu = not torch.cuda.is_available()
+    import comfy.utils
+    comfy.utils.PROGRESS_BAR_ENABLED = False  # a bar per sampling run would bury the bench's own progress lines
     import nodes as comfy_nodes
     import tiny_models as tm
+    return comfy_nodes, tm
+
+
+def comfyui(reruns: int, repeats: int, modules, progress: Optional[Progress] = None) -> dict:
+    comfy_nodes, tm = modules
 
     from ..core.policy import Policy
     from ..nodes.modes import apply as apply_mode, profile as profile_mode
@@ -231,7 +245,7 @@ def comfyui(reruns: int, repeats: int) -> dict:
 
         ones = hooks.patch_model(m, apply_mode.apply_config(m, Policy.all_ones(n)))
         out[name] = {"model": name, **rerun_rows(n, (4, 6, 8), profile_once, runner, lambda: sample(ones), reruns,
-                                                 repeats)}
+                                                 repeats, progress)}
     unets.cleanup()
     return out
 
@@ -241,18 +255,25 @@ def _line(name: str, f: dict) -> str:
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--reruns", type=int, default=5, help="profile again, predict again, measure again")
-    ap.add_argument("--repeats", type=int, default=5, help="alternating full/GCache run pairs per rerun and K")
-    ap.add_argument("--threads", type=int, default=1)
+    ap = BenchParser("gcache.bench.speedup_prediction", __doc__)
+    ap.add_argument("--reruns", type=whole(1), default=5, help="profile again, predict again, measure again")
+    ap.add_argument("--repeats", type=whole(1), default=5, help="alternating full/GCache run pairs per rerun and K")
+    ap.add_argument("--threads", type=whole(1), default=1)
     ap.add_argument("--skip-reference", action="store_true", help="only the ComfyUI models (COMFYUI_PATH)")
     a = ap.parse_args(argv)
+    path = check_optional_comfyui(ap)
+    if a.skip_reference and path is None:
+        ap.error("--skip-reference leaves only the ComfyUI models: set COMFYUI_PATH to your ComfyUI folder")
     from ..search.cli import set_threads
     set_threads(a.threads)
+    modules = comfyui_modules(path) if path else None
     load_start = [round(v, 2) for v in os.getloadavg()]
-    out = {} if a.skip_reference else {"reference": reference(a.reruns, a.repeats)}
-    if os.environ.get("COMFYUI_PATH"):
-        for i, part in enumerate(comfyui(a.reruns, a.repeats).values()):
+    parts = (0 if a.skip_reference else 1) + (2 if path else 0)
+    progress = Progress(parts * a.reruns, "speedup prediction: reruns (profile, predict, measure)",
+                        expected_s=a.reruns * a.repeats * (4.5 * (not a.skip_reference) + 55.0 * bool(path)))
+    out = {} if a.skip_reference else {"reference": reference(a.reruns, a.repeats, progress)}
+    if path:
+        for i, part in enumerate(comfyui(a.reruns, a.repeats, modules, progress).values()):
             out[f"comfyui_{i}"] = part
         out["comfyui_path"] = os.environ["COMFYUI_PATH"]
     parts = {key: p for key, p in out.items() if isinstance(p, dict)}
@@ -288,4 +309,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main, "gcache.bench.speedup_prediction"))

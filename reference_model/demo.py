@@ -6,7 +6,8 @@
 2. Policy: the exact DP over the profile for K computed steps (local weights w = 0 here; GCache Search
    learns w(t; s) against the real image loss: `python -m gcache.reference_model.search`).
 3. Apply: other seeds, full vs accelerated; prints N, K, predicted speed-up (from the io share the profiling runs
-   measured, with its range) and measured speed-up (median of alternating full/GCache run pairs), PSNR/SSIM.
+   measured, with its range) and measured speed-up (median of alternating full/GCache run pairs), PSNR/SSIM, and
+   the line GCache Apply logs in ComfyUI for such a run (core/engine.py CacheStats.summary).
 Writes profile.safetensors, policy.json and grid.png (top row full compute, bottom row GCache).
 """
 from __future__ import annotations
@@ -150,6 +151,7 @@ def _run(a) -> int:
     print(f"quality   PSNR {p:.2f} dB, SSIM {s:.4f} vs full compute on {len(eval_seeds)} held-out seeds")
     print(f"engine    computed {stats.computed_steps}, skipped {stats.skipped_steps}, "
           f"block runs per branch {stats.block_runs}, cache peak {stats.peak_bytes / 1024:.1f} KiB")
+    print(f"log       {stats.summary(io)}  (the line GCache Apply logs in ComfyUI, for the first GCache run)")
     print(f"wrote     {a.out}/profile.safetensors, {a.out}/policy.json, {a.out}/grid.png")
     return 0
 

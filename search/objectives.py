@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import warnings
 from typing import Callable, Optional
 
@@ -143,7 +144,8 @@ def load_lpips(device=None, backbone_path: Optional[str] = None, verify: bool = 
     missing, unexpected = net.load_state_dict(lin, strict=False)
     if unexpected or any(k.startswith("lin") and not k.startswith("lins.") for k in missing):  # lins.i = lini
         raise LPIPSUnavailable(f"lpips' own weights {lin_path} do not fit its model (missing {missing[:3]}, "
-                               f"unexpected {unexpected[:3]}): reinstall lpips (pip install --force-reinstall lpips)")
+                               f"unexpected {unexpected[:3]}): reinstall lpips (\"{sys.executable}\" -m pip install "
+                               "--force-reinstall lpips)")
     if not random_backbone_for_tests:
         try:
             # torchvision ships this backbone only as a .pth (a pickle in a zip): the one non-safetensors file we

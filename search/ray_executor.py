@@ -1,6 +1,7 @@
 """bilevel.Executor on Ray actors: the search's evaluations on a Ray cluster, one model per actor.
 
-Optional: `pip install "gcache[cluster]"` brings Ray; nothing else in GCache imports it. Each worker is an actor
+Optional: the `cluster` extra of the distribution comfyui-gcache brings Ray (in a clone, into README's venv:
+`.venv/bin/pip install -e ".[cluster]"`); nothing else in GCache imports it. Each worker is an actor
 that loads its model once and evaluates masks on the search seeds (the reference model's ReferenceWorker,
 comfyui_worker.ComfyUIWorker); Ray places the actors (one CPU or GPU each), restarts one whose process died and
 retries the evaluation it was running (max_restarts / max_task_retries): no queue of our own. The command that
@@ -22,7 +23,8 @@ def require_ray():
         import ray
     except ImportError as e:
         raise GCacheError(f"The cluster search needs Ray, which does not import in this Python ({sys.executable}: "
-                          f"{e}). Install it with: pip install 'gcache[cluster]' (or pip install ray==2.60.0).") from None
+                          f"{e}). Install it into this Python with: \"{sys.executable}\" -m pip install ray==2.60.0 (the "
+                          "cluster extra of comfyui-gcache; in a clone: .venv/bin/pip install -e \".[cluster]\").") from None
     return ray
 
 

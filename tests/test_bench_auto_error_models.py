@@ -1,22 +1,35 @@
-"""bench/auto_error_models.py end to end on a small N: every error model that applies is a candidate, and auto's
-own choice ("today") is its forecaster's mean-|error| mask, so that model's difference to today is exactly 0."""
+"""bench/auto_error_models.py end to end on a small N: every error model that applies is a candidate, the "auto" column
+is what GCache Apply (auto) applies (search/instant.py auto_policy on choose_forecaster's pick), and "own_dp" is that
+forecaster on its own DP mask, so that model's difference to own_dp is exactly 0."""
 from __future__ import annotations
 
 import math
 
 from gcache.bench import auto_error_models
 from gcache.core import forecasters
+from gcache.reference_model.harness import ReferenceHarness
 from gcache.search import error_models
+from gcache.search.instant import auto_policy, choose_forecaster
 
 
 def test_auto_error_models_bench_runs(capsys):
-    out = auto_error_models.main(["--steps", "8", "--eval-seeds", "0-1"])
+    out = auto_error_models.main(["--steps", "10", "--eval-seeds", "0-1"])
+    prof = ReferenceHarness(10).profile(list(range(1000, 1008)), forecast=True)
     assert out["rows"] and all(any(c.endswith("/ls_rms") for c in r["candidates"]) for r in out["rows"])
     for row in out["rows"]:
-        fc = row["today"].split("/")[0]
-        assert row["today"].endswith("/mean_abs") and row["model_minus_today_db"]["mean_abs"] == 0
+        fc = row["own_dp"].split("/")[0]
+        assert row["own_dp"].endswith("/mean_abs") and row["model_minus_own_dp_db"]["mean_abs"] == 0
+        pick = choose_forecaster(prof, row["K"])[0]
+        assert fc == pick and row["auto"].startswith(pick + "/")
+        model = row["auto"].split("/")[1]  # the mask Apply (auto) applies its pick on
+        assert instant_mask(prof, row["K"], pick, model) == auto_policy(prof, row["K"], pick).mask
         for name, c in row["candidates"].items():
-            f, model = name.split("/")
-            assert error_models.applies(model, forecasters.get(f)) and math.isfinite(c["psnr"])
-        assert ("ls_rms" in row["model_minus_today_db"]) == (forecasters.get(fc).keeps >= 2)
+            f, m = name.split("/")
+            assert error_models.applies(m, forecasters.get(f)) and math.isfinite(c["psnr"])
+        assert ("ls_rms" in row["model_minus_own_dp_db"]) == (forecasters.get(fc).keeps >= 2)
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("{")
+
+
+def instant_mask(prof, k, fc, model):
+    from gcache.search.instant import instant_policy
+    return instant_policy(prof, k, "theory", forecast=fc, error_model=model).mask

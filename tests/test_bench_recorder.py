@@ -43,3 +43,14 @@ def test_ops_row_lists_the_operations_whose_counts_differ(capsys):
     row = bench.ops_row(64, torch.bfloat16, True, {"aten::sub": 3, "aten::abs": 2}, {"aten::sub": 3, "aten::mul": 1})
     assert row["differ"] == {"aten::abs": (2, 0), "aten::mul": (0, 1)} and (row["old_ops"], row["new_ops"]) == (5, 4)
     assert "bfloat16" in capsys.readouterr().out
+
+
+def test_loading_a_revision_leaves_no_temporary_folder(tmp_path, monkeypatch):
+    """profile_module_at extracts the old core/ to a temporary folder only while it loads it (every bench and test
+    run once left a gcache-recorder-* folder behind)."""
+    head = subprocess.run(["git", "-C", bench.REPO, "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode != 0:
+        pytest.skip("needs a git checkout")
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    mod = bench.profile_module_at(head.stdout.strip())
+    assert hasattr(mod, "ProfileRecorder") and list(tmp_path.iterdir()) == []

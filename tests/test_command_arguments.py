@@ -38,7 +38,7 @@ CASES = [
     ("cluster-several", CLUSTER, ["--k", "40", "--workers", "0", "--search-seeds", "x", "--out", "afile.txt"],
      ["K = 40", "--workers 0", "--search-seeds must look like", "--out afile.txt is a file"], ["Ray"], ()),
     ("cluster-ray-and-lpips-backbone-missing", CLUSTER, ["--objective", "lpips_ssim"],
-     ["needs Ray", "gcache[cluster]", "LPIPS needs"], [], ("ray",)),
+     ["needs Ray", "-m pip install ray==2.60.0", "cluster extra of comfyui-gcache", "LPIPS needs"], [], ("ray",)),
     ("cluster-comfyui-files-missing", CLUSTER,
      ["--comfyui", "http://127.0.0.1:9", "--workflow", "none.json", "--profile", "none.profile.safetensors", "--k", "3"],
      ["Can't read the workflow none.json", "none.profile.safetensors"], [], ()),

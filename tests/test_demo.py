@@ -41,5 +41,5 @@ def test_engine_bench_ends_with_json(capsys):
     n6 = row["by_n"]["6"]  # one step count: the worst figures are its figures, and what its line printed
     assert [row[k] for k in ("speedup_half", "ideal_half", "speedup_ratio")] == \
         [n6[k] for k in ("speedup_half", "ideal_half", "speedup_ratio")]
-    printed = next(ln for ln in lines if ln.startswith("N=  6 K=  3"))
+    printed = next(ln for ln in lines if "N=  6 K=  3" in ln)  # after its progress prefix
     assert f"speed-up at K=N/2 {n6['speedup_half']:.3f}x vs ideal {n6['ideal_half']:.3f}x" in printed

@@ -43,7 +43,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(REPO, "README.md")
 README_LIMIT = 10_240  # bytes: the front door stays short; everything else goes to docs/
 SHELL_LANGS = {"bash", "sh", "shell", "console"}
-ALLOWED_TOOLS = {"cd", "git", "comfy", "bash", "ray", "grep", "cp", "mkdir"}  # beyond Python/pip: checked below
+ALLOWED_TOOLS = {"cd", "git", "comfy", "bash", "grep", "cp", "mkdir"}  # beyond Python/pip: checked below
+VENV_TOOLS = {"ray": "cluster"}  # commands an extra installs into README's venv (.venv/bin/<tool>): the extra
 TEAM_WORDS = ("2-core", "dev machine", "development machine", "ci machine", "was lent", "no gpu was",
               "load average")  # the docs speak about the project, not the machines it was built on
 
@@ -249,8 +250,16 @@ class Shell:
             return
         if exe == "python3":  # python3 -m venv DIR
             return
+        if exe in VENV_TOOLS:
+            self.bad(where, f"bare `{exe}`: write `.venv/bin/{exe}` (README's venv, with the `{VENV_TOOLS[exe]}` extra)")
+            return
         if exe.endswith(("/python", "/python3")) or exe == "$COMFYUI_PYTHON" or exe.endswith("python.exe"):
             self.python(where, args)
+        elif exe.startswith(".venv/bin/") and os.path.basename(exe) in VENV_TOOLS:
+            extra = VENV_TOOLS[os.path.basename(exe)]
+            if not any(r.startswith(os.path.basename(exe)) for r in pyproject()["project"]["optional-dependencies"]
+                       .get(extra, [])):
+                self.bad(where, f"`{exe}`: pyproject.toml's `{extra}` extra does not install it")
         elif exe.endswith("/pip"):
             self.pip(where, args)
         elif exe == "cd":
@@ -483,6 +492,7 @@ def test_the_checker_finds_what_does_not_exist(tmp_path):
                     ".venv/bin/pip install -e \".[test,no_such_extra]\"\n"
                     "bash bench/no_such_script.sh\n"
                     "python -m gcache.reference_model.demo\n"
+                    "ray start --head\n"
                     ".venv/bin/python -m pytest tests/test_policy.py::test_no_such_test\n"
                     "```\n\n"
                     "See `core/no_such_file.py`, `gcache.core.no_such_module`, `test_no_such_file.py`, "
@@ -490,7 +500,7 @@ def test_the_checker_finds_what_does_not_exist(tmp_path):
                     encoding="utf-8")
     problems = "\n".join(check_doc(str(page), base=os.path.join(REPO, "docs")))
     for expected in ("gcache.bench.no_such_bench", "--no-such-flag", "no_such_extra", "bench/no_such_script.sh",
-                     "bare `python`", "test_no_such_test", "core/no_such_file.py", "gcache.core.no_such_module",
+                     "bare `python`", "bare `ray`", "test_no_such_test", "core/no_such_file.py", "gcache.core.no_such_module",
                      "test_no_such_file.py", "no-such-heading", "no-such-page.md"):
         assert expected in problems, (expected, problems)
 

@@ -59,3 +59,30 @@ def test_the_parser_reads_what_pip_reads(tmp_path):
     p.write_text("# comment\n\nnumpy  # inline comment\nscikit_learn >= 1.3\n  Pillow\n")
     assert requirements_txt(str(p)) == ["numpy", "scikit_learn >= 1.3", "Pillow"]
     assert {_norm(r) for r in requirements_txt(str(p))} == {"numpy", "scikit-learn>=1.3", "pillow"}
+
+
+def test_every_install_hint_names_a_venvs_pip_and_our_distribution():
+    """A hint that says `pip install` names the pip of a given Python (`"<python>" -m pip install`, `.venv/bin/pip`),
+    never a bare pip that could install into another environment; none names the distribution `gcache`, which on the
+    package index is another project; and the Ray pin it names is pyproject's cluster extra."""
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    assert project["name"] == "comfyui-gcache"
+    ray_pin = next(r for r in project["optional-dependencies"]["cluster"] if r.startswith("ray"))
+    bad = []
+    for folder in ("core", "search", "nodes", "bench", "reference_model", "web"):
+        for root, _, names in os.walk(os.path.join(REPO, folder)):
+            for name in names:
+                if not name.endswith((".py", ".js", ".sh")):
+                    continue
+                path = os.path.join(root, name)
+                text = open(path, encoding="utf-8").read()
+                rel = os.path.relpath(path, REPO)
+                for m in re.finditer(r"pip install\b", text):
+                    before = text[max(0, m.start() - 12):m.start()]
+                    if not re.search(r"(-m |bin/)$", before):
+                        bad.append(f"{rel}: bare `pip install` ({text[m.start() - 30:m.end() + 20]!r})")
+                bad += [f"{rel}: names the distribution gcache[...]" for _ in re.finditer(r"['\"]gcache\[", text)]
+                bad += [f"{rel}: {pin} is not pyproject's {ray_pin}" for pin in re.findall(r"ray==[\d.]+", text)
+                        if pin != ray_pin]
+    assert not bad, "\n".join(bad)

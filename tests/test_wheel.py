@@ -57,7 +57,7 @@ def built(tmp_path_factory):
         shutil.copy2(os.path.join(REPO, f), src / f)
     _run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "--no-index",
           "--disable-pip-version-check", "-q", "-w", str(dist)])
-    wheels = sorted(dist.glob("gcache-*.whl"))
+    wheels = sorted(dist.glob("comfyui_gcache-*.whl"))  # the distribution comfyui-gcache; its package is gcache
     assert len(wheels) == 1, wheels
     return wheels[0], files
 

@@ -1,0 +1,643 @@
+"""The blocks bench/render_docs.py writes into README.md and docs/: tables, commands and sentences with figures, each
+from the stored results (bench/results/<run>.json) named in it. A block reads a result's JSON line as its bench
+printed it; a figure a block computes (a difference, a range) is computed here from those, never typed."""
+from __future__ import annotations
+
+import math
+import os
+import re
+
+from .render_docs import BLOCKS, RenderError, block, db, fenced, joined, num, table
+
+GIB = 2 ** 30
+MIB = 2 ** 20
+
+
+def pct(v, spec: str = "+.2f") -> str:
+    return num(100 * v, spec) + " %"
+
+
+def span(values, spec: str = ".2f", unit: str = "") -> str:
+    """'a–b' (or 'a' when they are equal), minus signs included."""
+    lo, hi = min(values), max(values)
+    a, b = num(lo, spec), num(hi, spec)
+    dash = lo >= 0 and "+" not in spec  # 1.2–3.4, but −1.2 to +3.4 (a dash beside signs reads as a minus)
+    return (a if a == b else f"{a}–{b}" if dash else f"{a} to {b}") + unit
+
+
+def machine(record: dict) -> str:
+    m = record.get("machine") or {}
+    if m.get("gpu"):
+        return m["gpu"] if isinstance(m["gpu"], str) else ", ".join(m["gpu"])
+    threads = m.get("omp_num_threads")
+    return "a CPU" + (", one thread" if threads in ("1", None) else f", {threads} threads")
+
+
+
+# ------------------------------------------------------------------------------------------------ README, nodes.md
+def demo_log_line(results) -> str:
+    line = next((ln for ln in results("demo")["stdout"] if ln.startswith("log ")), None)
+    if line is None:
+        raise RenderError("the demo's stored output has no 'log' line")
+    return re.sub(r"\s+\(the line GCache Apply logs.*\)$", "", line[len("log"):].strip())
+
+
+@block("readme.log_line")
+def readme_log_line(results) -> str:
+    return fenced(demo_log_line(results))
+
+
+@block("readme.demo_caption")
+def readme_demo_caption(results) -> str:
+    rec, res = results.record("demo"), results("demo")
+    pol, m = res["policy"], res["policy"]["metrics"]
+    n, k = len(pol["mask"]), sum(pol["mask"])
+    pairs = re.search(r"median of (\d+) full/GCache run pairs", "\n".join(res["stdout"]))
+    lo, hi = m["measured_speedup_range"]
+    plo, phi = m["predicted_speedup_range"]
+    return (f"\n*The bundled reference model (a small class-conditional DiT trained on digits), {len(m['eval_seeds'])} "
+            f"held-out seeds: every step computed (top) vs GCache computing {k} of {n} steps (bottom). PSNR "
+            f"{num(m['psnr'], '.2f')} dB against full compute; {num(m['measured_speedup'], '.2f')}× faster (median of "
+            f"{pairs.group(1) if pairs else 'the'} alternating full/GCache run pairs, {num(lo, '.2f')}–{num(hi, '.2f')}×) "
+            f"where {num(m['predicted_speedup'], '.2f')}× was predicted ({num(plo, '.2f')}–{num(phi, '.2f')}×), on "
+            f"{machine(rec)}, {str(rec['date'])[:10]}. This is what `{rec['command']}` prints and draws "
+            "([below](#try-it-without-comfyui)). Quality on full-size Flux or Wan weights has not been measured; their "
+            "speed at real sizes on a GPU is in [benchmarks](docs/benchmarks.md#speed-and-memory).*\n")
+
+
+@block("readme.io_example")
+def readme_io_example(results) -> str:
+    m = results("demo")["policy"]["metrics"]
+    mask = results("demo")["policy"]["mask"]
+    n, k = len(mask), sum(mask)
+    r = m["io_share"]
+    return (f"In the demo above N = {n}, K = {k} and the io share measured while profiling, {num(r, '.3f')}, give "
+            f"{n} / ({k} + {n - k} × {num(r, '.3f')}) = {num(n / (k + (n - k) * r), '.2f')}× rather than {n} / {k} = "
+            f"{num(n / k, '.2f')}×; a real model at a real size has a smaller io share (Flux-dev at 1024² on a GPU: "
+            f"{gpu_io_share(results, 'flux')}, [benchmarks](docs/benchmarks.md#speed-and-memory)).")
+
+
+def gpu_io_share(results, model: str) -> str:
+    row = next(r for r in results("gpu_check")["models"] if r["model"] == model)
+    return f"T_io / T = {num(100 * row['T_io_ms'] / row['T_ms'], '.1f')} %"
+
+
+@block("readme.demo_seconds")
+def readme_demo_seconds(results) -> str:
+    wall = results.record("demo")["wall_s"]
+    return f"about {5 * math.ceil(wall / 5):.0f} s"
+
+
+@block("nodes.predicted")
+def nodes_predicted(results) -> str:
+    m = re.search(r"predicted [^,]*?\)", demo_log_line(results))
+    return f"`{m.group(0)}`"
+
+
+@block("nodes.wan_memory")
+def nodes_wan_memory(results) -> str:
+    row = next(r for r in results("memory_formula")["memory_formula"] if r["model"] == "wan" and r["N"] == 50)
+    return (f"{num(row['profile']['total'] / GIB, '.2f')} GiB instead of {num(row['profile_unsampled']['total'] / GIB, '.2f')} "
+            "GiB")
+
+
+# ------------------------------------------------------------------------------------------------ benchmarks.md
+SCRIPTS = [  # script, what it measures, its run in bench/runs.py (or its duration), needs
+    ("bench/engine.py", "the engine's cost on the reference model: all-ones overhead, speed-up at K = N/2 against the "
+     "ideal, Profile memory", "engine", ""),
+    ("bench/speed.py", "the same on Flux-dev- and Wan-2.1-shaped transformers, at small sizes on the CPU or real sizes "
+     "on a GPU; `--memory-formula`: Profile's memory at real sizes", "speed_quick", ""),
+    ("bench/dp_speed.py", "how long an instant policy's DP takes", "dp_speed", ""),
+    ("bench/quality.py", "quality at equal K: GCache's instant policies, forecasters and search against uniform and "
+     "TeaCache-like masks and rival forecasters", "quality_quick", ""),
+    ("bench/auto_error_models.py", "which error model's mask auto applies its forecaster on", "auto_error_models", ""),
+    ("bench/l2p_keeps.py", "how many residuals the l2p forecaster keeps", "l2p_keeps", ""),
+    ("bench/few_steps.py", "caching against simply sampling fewer steps, at 4 to 30 steps and 2× to 5×", "few_steps",
+     ""),
+    ("bench/polish_guard.py", "which polish moves the search keeps", "polish_guard_48", ""),
+    ("bench/forecaster_check.py", "when the search's forecaster check switches forecaster", "forecaster_check", ""),
+    ("bench/polish_split.py", "the share of the budget the polish stage gets", 50, ""),
+    ("bench/polish_choice.py", "how far a chain of polish moves must beat the best start mask", 20, ""),
+    ("bench/polish_ceiling.py", "what any polish move could gain from the searched mask", 6, ""),
+    ("bench/cluster.py", "the search on 2 Ray workers against the sequential search: speed and quality", "cluster_64",
+     "Ray"),
+    ("bench/route_quality.py", "block-stack caching against the whole-model fallback", "route_quality", "ComfyUI"),
+    ("bench/speedup_prediction.py", "predicted against measured speed-up, over reruns", "speedup_prediction",
+     "ComfyUI for the tiny Flux and Wan"),
+    ("bench/recorder.py", "the profile recorder's cost per step, this tree against another git revision", 2, "git"),
+    ("bench/gpu_check.sh", "the prepared GPU check: `bench/speed.py` at real sizes and the real-ComfyUI suite on cuda",
+     "gpu_check", "a GPU"),
+]
+
+
+@block("bench.scripts")
+def bench_scripts(results) -> str:
+    from .runs import RUNS
+    rows = []
+    for script, what, run, needs in SCRIPTS:
+        minutes = RUNS[run].minutes if isinstance(run, str) else run
+        where = " on a GPU" if needs == "a GPU" else ""
+        rows.append((f"`{script}`", what, f"about {num(minutes, 'g')} min{where}", needs or "—"))
+    return table(["script", "measures", "duration", "needs"], rows)
+
+
+@block("engine.table")
+def engine_table(results) -> str:
+    res = results("engine")
+    rows = []
+    for n, r in res["by_n"].items():
+        rows.append((n, r["K"], f"{num(1e3 * r['plain_s'], '.0f')} ms", pct(r["overhead_all_ones"]),
+                     f"{num(r['speedup_half'], '.3f')}×", f"{num(r['ideal_half'], '.3f')}×",
+                     num(r["speedup_ratio"], ".3f"), f"{num(r['profile_peak_extra_mb'], '.2f')} MiB"))
+    return table(["N", "K", "plain run", "all-ones overhead (goal ≤ 3 %)", "speed-up at K = N/2", "ideal",
+                  "ratio (goal ≥ 0.9)", "Profile peak extra"], rows)
+
+
+@block("engine.prose")
+def engine_prose(results) -> str:
+    rec, res = results.record("engine"), results("engine")
+    step_ms = min(r["plain_s"] / r["N"] for r in res["by_n"].values()) * 1e3
+    io = [r["io_share"] for r in res["by_n"].values()]
+    return (f"{str(rec['date'])[:10]}, {machine(rec)}. The engine's own cost of an all-ones step, timed in the same "
+            f"script over 1,000 calls, is {num(res['engine_us_per_step'], '.1f')} µs = "
+            f"{num(100 * res['engine_share_of_step'], '.3f')} % of a {num(step_ms, '.1f')} ms step: the run-level "
+            f"overhead is run-to-run noise. Here T_io / T = {span(io, '.3f')}.")
+
+
+@block("speed_quick.prose")
+def speed_quick_prose(results) -> str:
+    rec, models = results.record("speed_quick"), results("speed_quick")["models"]
+    by = {m["model"].split("-")[0]: m for m in models}
+    ratios = [m[k] for m in models for k in ("speedup_ratio_half", "speedup_ratio_third")]
+    met = all(m.get("profile_formula_met") for m in models)
+    return (f"{str(rec['date'])[:10]}, {machine(rec)}, `--quick`: all-ones overhead "
+            + ", ".join(f"{pct(by[f]['overhead_all_ones'])} ({f})" for f in by)
+            + f" (random-order single steps); speed-up against the ideal {span(ratios, '.3f')} at K = N/2 and N/3 "
+            f"(goal ≥ 0.95); Profile's whole-run overhead per step "
+            + ", ".join(f"{pct(by[f]['profile_step_overhead'])} ({f})" for f in by)
+            + ". Apply's cache held one residual per branch ("
+            + ", ".join(f"{num(by[f]['apply_cache_gb'] * 1e9 / MIB, '.3f')} MiB ({f})" for f in by)
+            + "), and the profile's measured peak extra lay "
+            + ("within" if met else "outside")
+            + " the formula's range (what the recorder holds, up to its upper bound) for "
+            + ("both models." if met else "at least one model."))
+
+
+def gpu_formula(row: dict) -> dict:
+    """The memory formula for a GPU run's model at its real size (bench/speed_models.py FULL), N = its steps."""
+    from .speed_harness import predicted_profile_bytes
+    from .speed_models import FULL
+    size = FULL[row["model"].split("-")[0]]
+    if row["model"].startswith("flux"):
+        numel, branches = (size.lat_h // 2) * (size.lat_w // 2) * size.width, 1
+    else:
+        numel, branches = size.frames * (size.lat_h // 2) * (size.lat_w // 2) * size.width, 2
+    itemsize = {"bfloat16": 2, "float16": 2, "float32": 4}[row["dtype"]]
+    return predicted_profile_bytes(numel, itemsize, row["steps"], branches, width=size.width)
+
+
+@block("gpu_check.when")
+def gpu_check_when(results) -> str:
+    rec, res = results.record("gpu_check"), results("gpu_check")
+    models = res["models"]
+    return (f"{str(rec['date'])[:10]}, {res['machine'][1].split(',')[0]}, {res['machine'][2]}, "
+            f"{models[0]['dtype']}, N = {models[0]['steps']} steps, "
+            + ", ".join(f"{m['reps']} repetitions ({m['model']})" for m in models) + ":")
+
+
+@block("gpu_check.table")
+def gpu_check_table(results) -> str:
+    names = {"flux": "Flux-dev 1024², batch 1", "wan": "Wan 2.1-1.3B 81f 480p, CFG"}
+    rows = []
+    for m in results("gpu_check")["models"]:
+        rows.append((names.get(m["model"], m["model"]), f"{num(m['T_ms'], '.2f')} ms", f"{num(m['T_io_ms'], '.2f')} ms",
+                     pct(m["overhead_all_ones"]),
+                     f"{num(m['speedup_half'], '.3f')}× / {num(m['ideal_half'], '.3f')}×",
+                     f"{num(m['speedup_third'], '.3f')}× / {num(m['ideal_third'], '.3f')}×",
+                     pct(m["profile_step_overhead"]), f"{num(m['apply_cache_gb'] * 1e9 / MIB, '.1f')} MiB"))
+    return table(["model", "T per step", "T_io", "all-ones overhead", "K = N/2: speed-up / ideal",
+                  "K = N/3: speed-up / ideal", "Profile overhead per step", "Apply cache"], rows)
+
+
+@block("gpu_check.memory")
+def gpu_check_memory(results) -> str:
+    parts = []
+    for m in results("gpu_check")["models"]:
+        p = gpu_formula(m)
+        low, high, extra = (p["history"] + p["prev_h"]) / MIB, p["total"] / MIB, m["profile_peak_extra_gb"] * 1e9 / MIB
+        kept = "every element" if p["stride"] == 1 else f"1 element in {p['stride']}"
+        parts.append(f"{m['model']} {num(extra, '.1f')} MiB, {'within' if low <= extra <= high else 'outside'} the "
+                     f"formula's [{num(low, '.1f')}, {num(high, '.1f')}] MiB ({kept} of the residual kept; the "
+                     f"recorder's own count {num(m['recorder_peak_gb'] * 1e9 / MIB, '.1f')} MiB)")
+    return "Profile's peak extra memory over an all-ones run: " + "; ".join(parts) + "."
+
+
+@block("gpu_check.status")
+def gpu_check_status(results) -> str:
+    rec, res = results.record("gpu_check"), results("gpu_check")
+    suite = [ln for ln in res.get("summary", []) if ln.startswith("comfyui")]
+    ran = (f"It ran on {res['machine'][1].split(',')[0]} on {str(rec['date'])[:10]} (the figures in "
+           "[speed and memory](#speed-and-memory))")
+    return ran + (": " + "; ".join(suite) + "." if suite else
+                  "; the real-ComfyUI suite has not run on a GPU yet (no ComfyUI tree travelled with it).")
+
+
+@block("memory_formula.table")
+def memory_formula_table(results) -> str:
+    rows = []
+    for r in results("memory_formula")["memory_formula"]:
+        p = r["profile"]
+        kept = "every element" if p["stride"] == 1 else f"1 element in {p['stride']}"
+        rows.append((f"{r['name']}, N = {r['N']}", f"{num(r['apply_cache_bytes'] / GIB, '.3f')} GiB",
+                     f"{num((p['history'] + p['prev_h']) / GIB, '.3f')} GiB", f"{num(p['total'] / GIB, '.3f')} GiB",
+                     kept, f"{num(r['profile_unsampled']['total'] / GIB, '.2f')} GiB"))
+    return table(["model, run", "Apply cache", "Profile: held (history + previous h)", "Profile: upper bound",
+                  "residual kept", "upper bound if every element were kept"], rows)
+
+
+# ------------------------------------------------------------------------------------------------ quality
+def at(results, run: str = "quality_quick") -> dict:
+    """(K, method) → row of bench/quality.py's summary."""
+    return {(r["K"], r["method"]): r for r in results(run)["rows"]}
+
+
+def ks(results, run: str = "quality_quick") -> list:
+    return sorted({r["K"] for r in results(run)["rows"]})
+
+
+SEARCHED = ("gcache_forecast", "gcache_forecast_nopolish")  # their forecaster is the forecaster check's pick
+
+
+def cell(rows: dict, k: int, method: str, own: str = "") -> str:
+    """A PSNR cell; a search whose forecaster check moved it to another forecaster than `own` names it."""
+    r = rows.get((k, method))
+    if r is None:
+        return "—"
+    text = num(r["psnr"], ".2f")
+    fc = r.get("forecaster")
+    return text + (f" ({fc})" if method in SEARCHED and own and fc and fc != own else "")
+
+
+def bold_best(cells: list, values: list) -> list:
+    top = max(v for v in values if v is not None)
+    return [f"**{c}**" if v == top else c for c, v in zip(cells, values)]
+
+
+def quality_row(rows: dict, k: int, methods: list, own: str) -> list:
+    cells = [cell(rows, k, m, own) for m in methods]
+    values = [rows[(k, m)]["psnr"] if (k, m) in rows else None for m in methods]
+    return [k] + bold_best(cells, [None if v is None else round(v, 2) for v in values])
+
+
+@block("quality_quick.objective")
+def quality_objective(results) -> str:
+    names = {"ssim": "1 − SSIM", "lpips_ssim": "LPIPS + 1 − SSIM", "psnr": "−PSNR"}
+    return names.get(results("quality_quick")["objective"], results("quality_quick")["objective"])
+
+
+@block("quality_quick.table")
+def quality_table(results) -> str:
+    rows, res = at(results), results("quality_quick")
+    methods = ["uniform", "teacache", "theory_dp", "instant_fitted", "instant_auto", "gcache", "gcache_forecast",
+               "l2p_gcache_mask"]
+    out = [quality_row(rows, k, methods, res["auto_forecaster"][str(k)]) for k in ks(results)]
+    return table(["K", "uniform", "TeaCache-like", "theory DP (reuse)", "fitted, own DP mask",
+                  "auto (its forecaster, reuse DP mask)", "search (reuse)", "search (auto's forecaster, its check)",
+                  "l2p on the searched mask"], out)
+
+
+def per_k(d: dict, spec: str = "+.2f") -> str:
+    return joined(d.values(), spec)
+
+
+def k_list(results) -> str:
+    return " / ".join(str(k) for k in ks(results))
+
+
+@block("quality_quick.bullets")
+def quality_bullets(results) -> str:
+    rows, res = at(results), results("quality_quick")
+    kk = ks(results)
+    over_own = [rows[(k, "instant_auto")]["psnr"] - rows[(k, "instant_fitted")]["psnr"] for k in kk
+                if res["auto_forecaster"][str(k)] == "fitted"]
+    lines = [f"Auto applies its forecaster on the reuse DP's mask: {span(over_own, '+.2f')} dB over fitted on its own "
+             f"DP mask here, and across N = 20, 30, 50 ([forecasting](forecasting.md#how-auto-chooses)) "
+             f"{auto_error_models_prose(results)}."]
+    polish = f"The search's polish stage (JSON `polish_gain_db`, median over 3 GP seeds): {per_k(res['polish_gain_db'])} " \
+             f"dB at K = {k_list(results)}"
+    if "polish_runs" in res:
+        worst = min(r["polish"]["psnr"] - r["nopolish"]["psnr"] for runs in res["polish_runs"].values()
+                    for r in runs.values())
+        polish += f"; the lowest single search's gain was {num(worst, '+.2f')} dB"
+    g64 = results("polish_guard_64")["median_gain_db"]["z"]
+    lines.append(polish + f". At the default budget 64 (`bench/polish_guard.py --budget 64`): {per_k(g64)} dB.")
+    switched = [k for k in kk if rows[(k, "gcache_forecast")].get("forecaster") not in (None, res["auto_forecaster"][str(k)])]
+    if switched:
+        lines.append(f"The forecaster check moved the searched policy to another forecaster at K = "
+                     f"{', '.join(map(str, switched))} (in brackets in the table; [search](search.md#what-it-does)).")
+    lines.append(f"Reuse search − best other reusing method: {per_k(res['search_minus_best_other_psnr'])} dB (JSON "
+                 "`search_minus_best_other_psnr`). A searched mask replaces the best start mask only when it wins by "
+                 "two paired standard errors over the search seeds (or ends a chain of accepted polish moves with a "
+                 "lower loss): good masks often differ by less than the seed noise.")
+    riv = res.get("rival_minus_fitted_db", {})
+    if riv:
+        spec = [v for where in riv.get("spectrum", {}).values() for v in where.values()]
+        l2p_all = [v for where in riv.get("l2p_all", {}).values() for v in where.values()]
+        lines.append(f"Today's rivals as rows (`bench/rivals.py`), minus fitted on the same mask (JSON "
+                     f"`rival_minus_fitted_db`): a Spectrum-like Chebyshev forecaster {span(spec, '+.2f')} dB, L2P-like "
+                     f"least squares over every computed residual {span(l2p_all, '+.2f')} dB (GCache's `l2p` is its "
+                     "variant over the last four).")
+    dp = results("dp_speed")
+    lines.append(f"GCache Policy's DP is instant (`bench/dp_speed.py`, {str(results.record('dp_speed')['date'])[:10]}): "
+                 f"a median {dp_reuse(results)} ms at N = {' / '.join(dp['reuse'])} (reuse, K = N/3).")
+    return "\n" + "\n".join(wrap_bullet(t) for t in lines) + "\n"
+
+
+def wrap_bullet(text: str, width: int = 116) -> str:
+    """A markdown bullet wrapped at width (continuation lines indented by two)."""
+    words, lines, cur = text.split(" "), [], "-"
+    for w in words:
+        if len(cur) + 1 + len(w) > width and cur not in ("-", "  "):
+            lines.append(cur)
+            cur = "  " + w
+        else:
+            cur = f"{cur} {w}" if cur not in ("  ",) else cur + w
+    lines.append(cur)
+    return "\n".join(lines)
+
+
+@block("quality_quick.forecast_table")
+def forecast_table(results) -> str:
+    rows, res = at(results), results("quality_quick")
+    methods = ["instant_1batch", "instant_linear", "instant_fitted", "instant_auto", "gcache", "gcache_forecast"]
+    out = [quality_row(rows, k, methods, res["auto_forecaster"][str(k)]) for k in ks(results)]
+    return table(["K", "instant reuse", "instant linear", "instant fitted (own DP mask)",
+                  "auto (its forecaster, reuse DP mask)", "reuse search", "search with auto's forecaster"], out)
+
+
+@block("quality_quick.forecast_bullets")
+def forecast_bullets(results) -> str:
+    rows, res = at(results), results("quality_quick")
+    kk = ks(results)
+    picks = sorted(set(res["auto_forecaster"].values()))
+    over_own = [rows[(k, "instant_auto")]["psnr"] - rows[(k, "instant_fitted")]["psnr"] for k in kk
+                if res["auto_forecaster"][str(k)] == "fitted"]
+    lines = [f"Auto picked {' and '.join(picks)} here; its instant policy is "
+             f"{per_k(res['instant_forecast_minus_reuse_db'])} dB over the instant reuse policy at K = {k_list(results)}"
+             + (f", and {span(over_own, '+.2f')} dB over fitted on its own DP's mask." if over_own else "."),
+             f"Fitted is {per_k(res['fitted_minus_linear_db'])} dB over linear on their own DP masks.",
+             f"A search with forecasting on is {per_k(res['forecast_gain_db'], '+.1f')} dB over the reuse search."]
+    n = max(kk) + (max(kk) // 2)  # N from the Ks of --quick: 2N/3 is the largest
+    third, half = n // 3, n // 2
+    if (third, "instant_auto") in rows and (half, "gcache") in rows:
+        a, r = rows[(third, "instant_auto")]["psnr"], max(rows[(half, m)]["psnr"] for m in ("instant_1batch", "gcache"))
+        lines.append(f"Forecasting at K = {third} of {n} (auto, no search: {num(a, '.2f')} dB) "
+                     f"{'beats' if a > r else 'does not beat'} reuse at K = {half} (best instant or searched: "
+                     f"{num(r, '.2f')} dB), which runs the block stack on {half - third} more steps.")
+    return "\n" + "\n".join(wrap_bullet(t) for t in lines) + "\n"
+
+
+@block("quality_quick.search_gains")
+def search_gains(results) -> str:
+    rows, res = at(results), results("quality_quick")
+    kk = ks(results)
+    gain = {k: rows[(k, "gcache_forecast")]["psnr"] - rows[(k, "instant_auto")]["psnr"] for k in kk}
+    k0 = kk[0]
+    return (f"with auto's forecaster (and its forecaster check's pick) the search's policy was "
+            f"{joined(gain.values(), '+.2f')} dB over auto's instant policy at K = {k_list(results)} of 30 "
+            f"({num(rows[(k0, 'gcache_forecast')]['psnr'], '.2f')} against {num(rows[(k0, 'instant_auto')]['psnr'], '.2f')} dB "
+            f"at K = {k0}), its polish stage {per_k(res['polish_gain_db'])} dB of that (median over 3 GP seeds); "
+            f"with reuse the search was {per_k(res['search_minus_best_other_psnr'])} dB over the best other reusing "
+            "method.")
+
+
+# ------------------------------------------------------------------------------------------------ search's choices
+@block("polish_guard.table")
+def polish_guard_table(results) -> str:
+    r48, r64 = results("polish_guard_48"), results("polish_guard_64")
+    rows = []
+    for guard in r48["median_gain_db"]:
+        rows.append((guard, per_k(r48["median_gain_db"][guard]), per_k(r64["median_gain_db"][guard])))
+    kk = " / ".join(r48["median_gain_db"][next(iter(r48["median_gain_db"]))])
+    return table(["guard", f"budget 48: K = {kk}", "budget 64"], rows) + (
+        f"\nMedian over GP seeds of polish − no polish, held-out dB ({str(results.record('polish_guard_48')['date'])[:10]}). "
+        f"z − halves, search by search: budget 48 better in {r48['z_vs_halves']['better']}, worse in "
+        f"{r48['z_vs_halves']['worse']}, same in {r48['z_vs_halves']['same']}; budget 64 better in "
+        f"{r64['z_vs_halves']['better']}, worse in {r64['z_vs_halves']['worse']}, same in {r64['z_vs_halves']['same']}.\n")
+
+
+@block("polish_guard.prose")
+def polish_guard_prose(results) -> str:
+    r48, r64 = results("polish_guard_48"), results("polish_guard_64")
+    better = r48["z_vs_halves"]["better"] + r64["z_vs_halves"]["better"]
+    worse = r48["z_vs_halves"]["worse"] + r64["z_vs_halves"]["worse"]
+    total = sum(r48["z_vs_halves"].get(k, 0) + r64["z_vs_halves"].get(k, 0) for k in ("better", "worse", "same"))
+    z10, h10 = r48["median_gain_db"]["z"].get("10"), r48["median_gain_db"]["halves"].get("10")
+    return (f"the z guard was better in {better} and worse in {worse} of {total} searches at budgets 48 and 64, and at "
+            f"K = 10 of 30 (budget 48) its median gain over no polish was {db(z10, '+.2f')} dB where the halves "
+            f"guard's was {db(h10, '+.2f')} dB")
+
+
+@block("forecaster_check.prose")
+def forecaster_check_prose(results) -> str:
+    res = results("forecaster_check")
+    rule = res["rules"]["halves"]
+    switched_k = sorted({r["K"] for r in res["runs"] if r["picks"]["halves"]["forecaster"] != "fitted"})
+    gains = ", ".join(f"{num(rule['median_gain_db_per_k'][str(k)], '+.2f')} dB at K = {k}" for k in switched_k)
+    return (f"the check switched from fitted to another forecaster in {rule['switched']} of {len(res['runs'])} searches"
+            + (f" (at K = {', '.join(map(str, switched_k))}; median held-out gain {gains})" if switched_k else "")
+            + f", and its worst held-out gain over keeping fitted was {num(rule['worst_gain_db'], '+.2f')} dB")
+
+
+# ------------------------------------------------------------------------------------------------ forecasting.md
+def auto_error_models_prose(results) -> str:
+    res = results("auto_error_models")
+    s = res["auto_minus_own_dp"]
+    rows = res["rows"]
+    top = max(rows, key=lambda r: r["auto_minus_own_dp_db"])
+    low = min(rows, key=lambda r: r["auto_minus_own_dp_db"])
+    text = (f"the forecaster on the reuse DP's mask (what auto applies) beat it on its own DP's mask at {s['better']} "
+            f"of {s['of']} (N, K), median {num(s['median'], '+.2f')} dB ({num(top['auto_minus_own_dp_db'], '+.2f')} dB "
+            f"at N = {top['N']}, K = {top['K']})")
+    if s["worse"]:
+        text += (f", and lost at {s['worse']} ({num(low['auto_minus_own_dp_db'], '+.2f')} dB at N = {low['N']}, "
+                 f"K = {low['K']})")
+    return text
+
+
+BLOCKS["auto_error_models.prose"] = auto_error_models_prose
+
+
+@block("l2p_keeps.l2p")
+def l2p_keeps_l2p(results) -> str:
+    d = results("l2p_keeps")["minus_fitted_db"]["l2p"]
+    return f"median {num(d['median'], '+.2f')} dB, from {num(d['min'], '+.2f')} to {num(d['max'], '+.2f')} dB"
+
+
+def dp_reuse(results) -> str:
+    return joined((r["median_ms"] for r in results("dp_speed")["reuse"].values()), ".2f")
+
+
+@block("dp_speed.linear")
+def dp_speed_linear(results) -> str:
+    return span([r["median_ms"] for r in results("dp_speed")["linear"].values()], ".1f")
+
+
+# ------------------------------------------------------------------------------------------------ works-with.md
+def few_rows(results, speedup=None) -> list:
+    return [r for r in results("few_steps")["rows"] if speedup is None or r["speedup"] == speedup]
+
+
+@block("few_steps.table_2x")
+def few_steps_table(results) -> str:
+    out = []
+    for r in few_rows(results, 2.0):
+        cols = ["fewer steps", "reuse", "linear", "fitted", "auto", "bound_pick"]
+        cells = [db(r[c]) for c in cols]
+        cells[4] += f" ({r['auto_forecaster']})"
+        cells[5] += f" ({r['bound_forecaster']})"
+        out.append([r["N"], r["K"]] + bold_best(cells, [r[c] for c in cols]))
+    return table(["N", "K", "fewer steps", "reuse", "linear", "fitted", "auto", "bound's pick"], out)
+
+
+@block("few_steps.table_pays")
+def few_steps_pays(results) -> str:
+    res = results("few_steps")
+    top = max(r["N"] for r in res["rows"])
+    out = []
+    for s, start in res["pays_from"].items():
+        r = next(r for r in res["rows"] if r["N"] == top and f"{r['speedup']:g}" == s)
+        out.append((f"{s}×", "never" if start is None else f"N = {start}",
+                    f"K = {r['K']}: {db(r['best_cache_minus_fewer_steps'], '+.2f')} dB"))
+    return table(["target", "caching beats fewer steps from", f"at N = {top} (K; best cache − fewer steps)"], out)
+
+
+@block("few_steps.below")
+def few_steps_below(results) -> str:
+    lost = [r for r in few_rows(results) if r["best_cache_minus_fewer_steps"] is not None
+            and r["best_cache_minus_fewer_steps"] <= 0]
+    r = max(lost, key=lambda r: (r["N"], r["speedup"]))
+    return f"e.g. N = {r['N']} at {r['speedup']:g}×, K = {r['K']}: {db(r['best_cache_minus_fewer_steps'], '+.2f')} dB"
+
+
+@block("few_steps.rule")
+def few_steps_rule(results) -> str:
+    res = results("few_steps")
+    cases: dict = {}  # (N, K) -> its speed-ups and the row (targets that give the same K sample the same policies)
+    for r in res["rows"]:
+        if r["N"] <= res["few_steps_rule"] and 1 < r["K"] < r["N"] and r["bound_forecaster"] != "reuse":
+            cases.setdefault((r["N"], r["K"]), ([], r))[0].append(f"{r['speedup']:g}×")
+    parts = [f"N = {n}, K = {k} ({'/'.join(s)}, {r['bound_forecaster']}): {db(r['bound_pick'] - r['reuse'], '+.2f')}"
+             for (n, k), (s, r) in cases.items()]
+    return "; ".join(parts) if parts else "none (the bound picked reuse everywhere)"
+
+
+# ------------------------------------------------------------------------------------------------ cluster, routes
+def cluster_row(results, run: str) -> tuple:
+    r = results(run)
+    se = r.get("quality_diff_se_db")
+    return (f"{r['budget']}", f"{num(r['speedup_2_workers'], '.2f')}× ({span(r['speedup_per_gp_seed'], '.2f')}×)",
+            f"{num(r['held_out_psnr_mean']['sequential'], '.2f')} dB", f"{num(r['held_out_psnr_mean']['2_workers'], '.2f')} dB",
+            f"{num(r['quality_diff_db'], '+.3f')} ± {num(se, '.3f')} dB", str(results.record(run)["date"])[:10])
+
+
+@block("cluster.table")
+def cluster_table(results) -> str:
+    return table(["budget", "2 workers vs 1 (median of 16 GP seeds, range)", "held-out PSNR: sequential", "2 workers",
+                  "difference (paired s.e.)", "date"], [cluster_row(results, "cluster_64"),
+                                                        cluster_row(results, "cluster_48")])
+
+
+@block("cluster.search_md")
+def cluster_search_md(results) -> str:
+    r = results("cluster_64")
+    return (f"2 workers were {num(r['speedup_2_workers'], '.2f')}× faster than the sequential search at budget "
+            f"{r['budget']} (median over {len(r['speedup_per_gp_seed']) if len(r['speedup_per_gp_seed']) > 2 else 16} GP "
+            f"seeds), with a held-out PSNR difference of {num(r['quality_diff_db'], '+.3f')} ± "
+            f"{num(r['quality_diff_se_db'], '.3f')} dB (paired s.e.)")
+
+
+@block("route_quality.table")
+def route_quality_table(results) -> str:
+    names = {"flux2": "Flux 2", "z_image": "Z-Image"}
+    rows = []
+    for fam, r in results("route_quality").items():
+        if not isinstance(r, dict):
+            continue
+        rows.append((names.get(fam, fam), f"{num(r['block stack'], '.2f')} dB", f"{num(r['whole model'], '.2f')} dB",
+                     f"{num(r['block_minus_whole_db'], '+.2f')} ± {num(r['paired_se_db'], '.2f')} dB",
+                     f"{num(r['whole model on the block mask'], '.2f')} dB"))
+    return table(["family", "block stack", "whole model", "difference (paired s.e.)",
+                  "whole model on the block stack's mask"], rows)
+
+
+# ------------------------------------------------------------------------------------------------ speed-up prediction
+def prediction_parts(results) -> list:
+    res = results("speedup_prediction")
+    out = []
+    for key, part in res.items():
+        if not isinstance(part, dict) or "by_k" not in part:
+            continue
+        name = part["model"]
+        short = ("reference DiT" if key == "reference" else "tiny Wan 2.1" if "Wan" in name else
+                 "tiny Flux" if "Flux" in name else name)
+        out.append((f"{short}, N = {part['N']}", part))
+    return out
+
+
+@block("speedup_prediction.table")
+def speedup_prediction_table(results) -> str:
+    rows = []
+    for name, part in prediction_parts(results):
+        pred = [f["predicted"] for f in part["by_k"].values()]
+        meas = [f["measured"] for f in part["by_k"].values()]
+        rows.append((name, " / ".join(part["by_k"]), joined((p["median"] for p in pred), ".3f"),
+                     " / ".join(f"{num(m['median'], '.3f')} ({num(m['min'], '.3f')}–{num(m['max'], '.3f')})"
+                                for m in meas)))
+    return table(["model", "K", "predicted (median of the reruns)", "measured, whole runs: median (min–max)"], rows)
+
+
+@block("speedup_prediction.prose")
+def speedup_prediction_prose(results) -> str:
+    rec, res = results.record("speedup_prediction"), results("speedup_prediction")
+    parts = prediction_parts(results)
+    spreads = "; ".join(f"{span([100 * f['predicted']['spread'] for f in p['by_k'].values()], '.1f')} % on the {n}"
+                        for n, p in parts)
+    inside = [f["predicted_within_measured"] for _, p in parts for f in p["by_k"].values()]
+    where = f" ({os.path.basename(str(res.get('comfyui_path', '')).rstrip('/'))})" if res.get("comfyui_path") else ""
+    return (f"{str(rec['date'])[:10]}, {machine(rec)}{where}, {res['reruns']} reruns of {res['repeats']} pairs: the "
+            f"prediction's spread over the reruns, (max − min) / median, was {spreads} (goal ≤ 5 %); the predicted "
+            f"median lay within the measured min–max of whole runs for {sum(inside)} of {len(inside)} (model, K). "
+            "Excerpt:")
+
+
+# ------------------------------------------------------------------------------------------------ search.md
+@block("search_excerpt.output")
+def search_excerpt_output(results) -> str:
+    return fenced("\n".join(results("search_excerpt")["stdout"]))
+
+
+# ------------------------------------------------------------------------------------------------ how-it-works.md
+def weights_facts() -> dict:
+    from safetensors import safe_open
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "reference_model",
+                        "tiny_dit_digits.safetensors")
+    with safe_open(path, "pt") as f:
+        params = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+        meta = f.metadata()
+    return {"params": params, "bytes": os.path.getsize(path), "meta": meta}
+
+
+@block("reference.size")
+def reference_size(results) -> str:
+    f = weights_facts()
+    return f"{num(f['params'] / 1e6, '.2f')} M parameters, {num(f['bytes'] / 1e6, '.1f')} MB of fp16 safetensors"
+
+
+@block("reference.training")
+def reference_training(results) -> str:
+    m = weights_facts()["meta"]
+    return (f"after {int(m['train_steps']):,} steps of batch {m['batch']} ({num(float(m['train_seconds']) / 60, '.1f')} "
+            f"min), final flow-matching loss {num(float(m['final_loss']), '.3f')}")
+
+

@@ -1,0 +1,227 @@
+"""The figures in README.md and docs/*.md, written from the stored bench results (bench/results/*.json).
+
+    python -m gcache.bench.render_docs           # rewrite every marked region from the stored results
+    python -m gcache.bench.render_docs --check   # exit 1, naming each region that differs (nothing is written)
+
+A figure in the docs stands between two markers, which GitHub does not show:
+
+    PSNR <!--gc:demo/policy.metrics.psnr|.2f-->41.10<!--/gc--> dB
+
+The marker names either a value in a stored result, `<run>/<path>|<format>` (the path goes into the result the run
+returned: keys separated by dots, `[key=value]` picks the item of a list that has it; `@date`, `@command`, … read
+the record around it; the format is Python's, and a dict or a list of values is written as `a / b / c`), or a block
+this file renders (a table, a command, a sentence with several figures): `<!--gc:few_steps.table-->`. Negative
+numbers get a proper minus sign. The runs, their commands and what they need: bench/runs.py.
+"""
+from __future__ import annotations
+
+import difflib
+import glob
+import os
+import re
+import sys
+from typing import Callable
+
+from . import store
+from .cli import BenchParser
+
+MARKER = re.compile(r"<!--gc:(?P<name>[^>]*?)-->(?P<body>.*?)<!--/gc-->", re.S)
+BLOCKS: dict[str, Callable] = {}
+
+
+def doc_files() -> list[str]:
+    return [os.path.join(store.REPO, "README.md")] + sorted(glob.glob(os.path.join(store.REPO, "docs", "*.md")))
+
+
+class RenderError(Exception):
+    pass
+
+
+class Results:
+    """The stored records, each loaded once."""
+
+    def __init__(self):
+        self.cache: dict = {}
+
+    def record(self, name: str) -> dict:
+        if name not in self.cache:
+            if not os.path.exists(store.result_path(name)):
+                raise RenderError(f"no stored result {name}: run `.venv/bin/python -m gcache.bench.runs {name}`")
+            self.cache[name] = store.load(name)
+        return self.cache[name]
+
+    def __call__(self, name: str):
+        return self.record(name)["result"]
+
+
+# ------------------------------------------------------------------------------------------------ values
+def num(value, spec: str = "") -> str:
+    """A number in the docs' style: Python's format, with a minus sign (−) rather than a hyphen."""
+    if isinstance(value, str):
+        return value
+    text = format(value, spec) if spec else str(value)
+    return text.replace("-", "−") if not text.startswith(("e", "E")) else text
+
+
+def joined(values, spec: str = "", sep: str = " / ") -> str:
+    return sep.join(num(v, spec) for v in values)
+
+
+SEGMENT = re.compile(r"([^.\[\]]+)|\[([^\]]*)\]")
+
+
+def lookup(data, path: str):
+    """The value at `path` in data: keys split by dots, [i] an index, [k=v,k2=v2] the list item with those values."""
+    for key, selector in SEGMENT.findall(path):
+        if key:
+            if isinstance(data, list):
+                data = data[int(key)]
+            elif key in data:
+                data = data[key]
+            else:
+                raise RenderError(f"no key {key!r} in {path!r} (keys: {', '.join(map(str, data))[:200]})")
+        elif re.fullmatch(r"-?\d+", selector):
+            data = data[int(selector)]
+        else:
+            want = dict(part.split("=", 1) for part in selector.split(","))
+            hits = [item for item in data if all(same(item.get(k), v) for k, v in want.items())]
+            if len(hits) != 1:
+                raise RenderError(f"[{selector}] in {path!r} matches {len(hits)} items, not one")
+            data = hits[0]
+    return data
+
+
+def same(value, text: str) -> bool:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return float(text) == float(value)
+        except ValueError:
+            return False
+    return str(value) == text
+
+
+def value(results: Results, expr: str) -> str:
+    """`run/path|format` → text."""
+    target, _, spec = expr.partition("|")
+    run, _, path = target.partition("/")
+    if path.startswith("@"):
+        v = lookup(results.record(run), path[1:])
+        if path == "@date":
+            v = str(v)[:10]
+    else:
+        v = lookup(results(run), path)
+    if isinstance(v, dict):
+        return joined(v.values(), spec)
+    if isinstance(v, list):
+        return joined(v, spec)
+    return num(v, spec)
+
+
+def block(name: str):
+    def register(fn):
+        BLOCKS[name] = fn
+        return fn
+    return register
+
+
+def render_marker(results: Results, name: str) -> str:
+    name = name.strip()
+    if "/" in name:
+        return value(results, name)
+    if name.startswith("cmd."):  # the command a stored result was made by, as a shell block
+        return fenced(results.record(name[4:])["command"], "bash")
+    from . import render_blocks  # noqa: F401  (registers the blocks)
+    if name not in BLOCKS:
+        raise RenderError(f"no block named {name!r} in bench/render_docs.py")
+    return BLOCKS[name](results)
+
+
+def render_text(text: str, results: Results, where: str = "") -> str:
+    def one(m: re.Match) -> str:
+        try:
+            body = render_marker(results, m.group("name"))
+        except RenderError as e:
+            raise RenderError(f"{where}: <!--gc:{m.group('name')}-->: {e}") from None
+        return f"<!--gc:{m.group('name')}-->{body}<!--/gc-->"
+    return MARKER.sub(one, text)
+
+
+# ------------------------------------------------------------------------------------------------ helpers for blocks
+def table(header: list, rows: list) -> str:
+    """A markdown table as a block (blank-line separated from the markers)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def fenced(text: str, lang: str = "") -> str:
+    return f"\n```{lang}\n{text}\n```\n"
+
+
+def command(results: Results, run: str) -> str:
+    return results.record(run)["command"]
+
+
+def date(results: Results, run: str) -> str:
+    return str(results.record(run)["date"])[:10]
+
+
+def best(values: dict, keys) -> str:
+    """The key with the largest value among keys (None values left out)."""
+    present = [k for k in keys if values.get(k) is not None]
+    return max(present, key=lambda k: values[k]) if present else ""
+
+
+def bold_if(text: str, cond: bool) -> str:
+    return f"**{text}**" if cond else text
+
+
+def db(v, spec: str = ".2f") -> str:
+    return "—" if v is None else num(v, spec)
+
+
+# ------------------------------------------------------------------------------------------------ the command
+def render_all(write: bool) -> list[str]:
+    """Render every doc; returns the docs that differed (and, when write, were rewritten)."""
+    results, changed, rendered = Results(), [], []
+    for path in doc_files():  # every doc rendered before any is written: a failing block writes nothing
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        rendered.append((path, text, render_text(text, results, os.path.relpath(path, store.REPO))))
+    for path, text, new in rendered:
+        if new != text:
+            changed.append(path)
+            if write:
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(new)
+            else:
+                diff = difflib.unified_diff(text.splitlines(), new.splitlines(), os.path.relpath(path, store.REPO),
+                                            "rendered", n=0, lineterm="")
+                print("\n".join(list(diff)[:40]))
+    return changed
+
+
+def main(argv=None) -> int:
+    ap = BenchParser("gcache.bench.render_docs", __doc__)
+    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 when a doc differs from its rendering")
+    a = ap.parse_args(argv)
+    try:
+        changed = render_all(write=not a.check)
+    except RenderError as e:
+        print(f"python -m gcache.bench.render_docs: error: {e}", file=sys.stderr)
+        return 2
+    names = ", ".join(os.path.relpath(p, store.REPO) for p in changed)
+    if a.check:
+        if changed:
+            print(f"{names}: the figures differ from the stored results; run .venv/bin/python -m "
+                  "gcache.bench.render_docs to write them")
+            return 1
+        print("every figure in README.md and docs/ is its stored result's rendering")
+        return 0
+    print(f"rewrote {names}" if changed else "nothing to rewrite")
+    return 0
+
+
+if __name__ == "__main__":  # run the package's module (bench/render_blocks.py registers its blocks there)
+    from . import render_docs as _module
+    sys.exit(_module.main())

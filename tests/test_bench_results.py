@@ -1,0 +1,119 @@
+"""The figures in README.md and docs/ are the renderings of stored bench results, and those results describe today's
+code (bench/store.py, bench/render_docs.py, bench/runs.py).
+
+- Every doc equals its rendering: a figure typed over, or a result stored without rendering, fails with the command
+  that regenerates the docs.
+- Every registered run has a stored result made by its command from today's code (the hash of the sources it
+  declares): one whose code changed since, or whose figures were typed rather than measured, fails with the command
+  that reruns it.
+- The checks can fail: a changed source is found, a docstring or comment is not; a typed figure is rewritten.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from gcache.bench import render_docs, runs, store
+
+
+def test_the_docs_are_the_renderings_of_the_stored_results():
+    try:
+        changed = render_docs.render_all(write=False)
+    except render_docs.RenderError as e:
+        pytest.fail(str(e))
+    assert not changed, (f"{', '.join(os.path.relpath(p, store.REPO) for p in changed)} differ from the stored results' "
+                         "rendering: run .venv/bin/python -m gcache.bench.render_docs")
+
+
+def test_every_marker_names_a_value_or_a_block():
+    import re
+    for path in render_docs.doc_files():
+        text = open(path, encoding="utf-8").read()
+        opened, closed = text.count("<!--gc:"), text.count("<!--/gc-->")
+        assert opened == closed == len(render_docs.MARKER.findall(text)), f"{path}: unbalanced figure markers"
+        for name in re.findall(r"<!--gc:([^>]*?)-->", text):
+            assert "/" in name or name.startswith("cmd.") or name in blocks(), f"{path}: unknown block {name}"
+
+
+def blocks():
+    from gcache.bench import render_blocks  # noqa: F401
+    return render_docs.BLOCKS
+
+
+@pytest.mark.parametrize("name", sorted(runs.RUNS))
+def test_the_stored_result_is_fresh(name):
+    run = runs.RUNS[name]
+    path = store.result_path(name)
+    assert os.path.exists(path), f"no stored result for {name}: run .venv/bin/python -m gcache.bench.runs {name}"
+    record = store.load(name)
+    rerun = f"rerun `{run.command()}` (stored by .venv/bin/python -m gcache.bench.runs {name}" + (
+        f", on the machine it needs: {runs.NEEDS[run.needs]})" if run.needs else ")")
+    assert record["command"] == run.command(), f"{name}: stored from `{record['command']}`; {rerun}"
+    why = store.staleness(record, run.sources)
+    assert why is None, f"{name} is stale: {why}; {rerun}"
+
+
+def test_every_stored_result_is_a_registered_run():
+    """A file bench/store.py wrote belongs to a run of bench/runs.py (other JSON there, a bench's own output, may
+    stay unregistered until a doc quotes it)."""
+    names = set()
+    for f in os.listdir(store.RESULTS_DIR):
+        if f.endswith(".json"):
+            with open(os.path.join(store.RESULTS_DIR, f), encoding="utf-8") as fh:
+                if "sources_hash" in json.load(fh):
+                    names.add(f[:-5])
+    assert names <= set(runs.RUNS), f"bench/results holds {sorted(names - set(runs.RUNS))}: no run in bench/runs.py"
+
+
+def test_the_hash_follows_code_not_prose(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    mod = tmp_path / "pkg" / "m.py"
+    mod.write_text('"""Doc."""\n\ndef f(x):\n    """Doc."""\n    return x + 1  # one\n')
+    (tmp_path / "pkg" / "w.safetensors").write_bytes(b"\x00\x01")
+    first, files = store.sources_hash(["pkg"], root=str(tmp_path))
+    assert sorted(files) == ["pkg/m.py", "pkg/w.safetensors"]
+    mod.write_text('"""Another doc."""\n\ndef f(x):\n    """Other."""\n    return x + 1  # two\n')
+    assert store.sources_hash(["pkg"], root=str(tmp_path))[0] == first
+    mod.write_text('"""Doc."""\n\ndef f(x):\n    return x + 2\n')
+    assert store.sources_hash(["pkg"], root=str(tmp_path))[0] != first
+    with pytest.raises(FileNotFoundError):
+        store.sources_hash(["pkg", "gone.py"], root=str(tmp_path))
+
+
+def test_staleness_names_what_changed(tmp_path):
+    (tmp_path / "a.py").write_text("x = 1\n")
+    root = str(tmp_path)
+    total, per_file = store.sources_hash(["a.py"], root=root)
+    record = {"sources": ["a.py"], "sources_hash": total, "source_files": per_file}
+    assert store.staleness(record, ["a.py"], root) is None
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert "a.py" in store.staleness(record, ["a.py"], root)
+    assert "declares" in store.staleness(record, ["a.py", "b.py"], root)
+    assert "typed" in store.staleness(dict(record, transcribed="by hand"), ["a.py"], root)
+
+
+def test_a_typed_figure_is_rewritten_and_a_missing_result_named(monkeypatch, tmp_path):
+    results = render_docs.Results()
+    results.cache["x"] = {"date": "2026-01-02 03:04", "command": ".venv/bin/python -m gcache.bench.x",
+                          "result": {"rows": [{"N": 4, "v": -1.234}, {"N": 8, "v": 2.0}], "d": {"a": 1.5, "b": -2}}}
+    text = ("PSNR <!--gc:x/rows[N=4].v|.2f-->9.99<!--/gc--> dB on <!--gc:x/@date--><!--/gc-->, "
+            "<!--gc:x/d|+.1f--><!--/gc-->\n<!--gc:cmd.x-->\n<!--/gc-->\n")
+    out = render_docs.render_text(text, results)
+    assert "PSNR <!--gc:x/rows[N=4].v|.2f-->−1.23<!--/gc--> dB" in out
+    assert "<!--gc:x/@date-->2026-01-02<!--/gc-->" in out and "+1.5 / −2.0" in out
+    assert "```bash\n.venv/bin/python -m gcache.bench.x\n```" in out
+    assert render_docs.render_text(out, results) == out  # rendering is idempotent
+    with pytest.raises(render_docs.RenderError, match="no stored result nope"):
+        render_docs.render_text("<!--gc:nope/a-->1<!--/gc-->", results)
+    with pytest.raises(render_docs.RenderError, match="matches 0 items"):
+        render_docs.render_text("<!--gc:x/rows[N=5].v-->1<!--/gc-->", results)
+
+
+def test_runs_compare_their_deterministic_part():
+    a = {"rows": [{"psnr": 40.0, "mask": "1010"}]}
+    assert runs.differences(a, json.loads(json.dumps(a))) == []
+    assert runs.differences(a, {"rows": [{"psnr": 40.01, "mask": "1010"}]}) == []  # the last digit of a rounding
+    assert runs.differences(a, {"rows": [{"psnr": 40.1, "mask": "1010"}]}) == [".rows[0].psnr: stored 40.0, now 40.1"]
+    assert runs.differences(a, {"rows": [{"psnr": 40.0, "mask": "1100"}]})
