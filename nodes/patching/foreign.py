@@ -78,9 +78,9 @@ def guard_call(transformer_options: Optional[dict], slots: Iterable, owner: str,
     """This call's transformer_options with GCache's gate in each of GCache's dit slots whose entry is another
     node's (a shallow copy; the same dict when nothing needs it), and the call's signature.
 
-    make_patch(slot, owner, inner) is runtime.make_dit_patch. A slot whose entry is missing while GCache's others are
-    there gets GCache's patch around the block itself (the block runs either way, and the stack stays whole); a call
-    with none of GCache's patches is left alone (it computes)."""
+    make_patch(slot, owner, inner) is runtime.make_dit_patch. A slot without an entry, while others of GCache's slots
+    have one, gets GCache's patch around the block itself (the block runs either way, and the stack stays whole); a
+    call with no entry in any of GCache's slots is left alone (it computes; a run of them says so at its end)."""
     topts = transformer_options or {}
     sig = signature(topts, owner)
     replace = topts.get("patches_replace") or {}

@@ -135,8 +135,9 @@ class RunState:
         # a lane per device: the MultiGPU CFG split names the device of each call (its pool threads live as long
         # as the run, but the device is what a cache must follow)
         ln = self._lane_for((transformer_options or {}).get("multigpu_thread_device", "main"))
-        if ln.entered:  # the last call entered the stack and never left it: nothing half-entered carries over
-            self._unpaired(ln)
+        if ln.entered:  # the last call raised between entering and leaving the stack: nothing half-entered carries over
+            ln.cache.abort()
+            ln.entered = False
         step = self.tracker.step(sigma)
         ln.cache.set_step(step)
         with self._lock:  # the lanes share the cond names
