@@ -273,3 +273,19 @@ def test_a_failing_block_leaves_nothing_entered():
         assert not run.lane().entered and run.lane().cache._pending is None and not run.end_call()
     finally:
         deactivate(token)
+
+
+def test_a_patch_that_changes_the_image_tokens_never_fails_the_prompt(caplog):
+    """Another node's patch at the last block that returns fewer tokens: the call's output stands (computed), calls
+    with that patch compute from then on, one warning; the plain calls keep their cache."""
+    def shorter(args, extra):
+        return {"img": extra["original_block"](args)["img"][:, :-1]}
+    loop = Loop()
+    run = new_run([1, 0, 1, 0])
+    with caplog.at_level("WARNING", logger="gcache"):
+        got = sample(run, loop, lambda i: [(inputs(i)[0], options(ours())),
+                                           (inputs(i)[0], options({**ours(), KEYS[-1]: shorter}))])
+    ref = sample(None, Loop(), lambda i: [(inputs(i)[0], None), (inputs(i)[0], options({KEYS[-1]: shorter}))])
+    assert all(torch.equal(g[1], r[1]) for g, r in zip(got, ref))  # the patched calls: as without GCache
+    assert caplog.text.count("changed the block stack's image tokens") == 1 and run.disabled is None
+    assert run.close().block_runs[(0, 0)] == 2  # the plain calls still skipped steps 1 and 3

@@ -161,6 +161,20 @@ class RunState:
         ln.through = redo
         return redo
 
+    def _mismatch(self, ln: _Lane, error: Exception) -> None:
+        """A computed call whose stack output does not match its input's image tokens: never a failed prompt. A call
+        with other nodes' patches (they changed the tokens) computes from now on; a plain call stops the caching."""
+        ln.cache.abort()
+        if not ln.patches:
+            self.disable(f"the block stack's output does not match its input ({error})")
+            return
+        with self._lock:
+            new = ln.patches not in self.uncached
+            self.uncached.add(ln.patches)
+        if new:
+            log.warning("GCache: a model call with other block patches (%s) changed the block stack's image tokens "
+                        "(%s); calls like it compute every step for the rest of this run.", ln.patches, error)
+
     def _unpaired(self, ln: _Lane) -> None:
         ln.cache.abort()
         ln.entered = False
@@ -220,7 +234,10 @@ class RunState:
                 raise
             if last:
                 ln.entered = False
-                ln.cache.exit(streams.take_image(tokens(out), layout, ln.n_img, img_slice, where))
+                try:
+                    ln.cache.exit(streams.take_image(tokens(out), layout, ln.n_img, img_slice, where))
+                except (GCacheError, ValueError) as e:  # the stack changed its image tokens: its output stands as is
+                    self._mismatch(ln, e)
             return out
         if not last:
             return passed(x)
