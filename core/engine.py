@@ -15,9 +15,15 @@ happens when an exception escapes the blocks.
 The engine only skips: what a run records (ProfileRecorder) and times (StepClock, StackClock) are observers it is
 given (observer.py says why, and when each is told what). mask=None computes every step and keeps nothing: a profile
 run, whose observers do the work.
+
+`alloc_context` (a zero-argument callable returning a context manager; none by default) is where every tensor that
+outlives the stack entry is made: δ snapshots and stored residuals, and whatever the observers keep from δ. A host
+whose allocator records each block's allocations and expects them gone by the block's end (ComfyUI's memory
+compiler, 0.34+) fills it with its pause; the engine itself never imports the host.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import statistics
 from dataclasses import dataclass, field
@@ -128,7 +134,8 @@ class ResidualCache:
 
     def __init__(self, mask: Optional[Sequence[int]], cache_device: Optional[str | torch.device] = None,
                  forecast: "str | int | forecasters.Forecaster" = "reuse", times: Optional[Sequence[float]] = None,
-                 forecast_params: Optional[dict] = None, observers: Sequence[EngineObserver] = ()):
+                 forecast_params: Optional[dict] = None, observers: Sequence[EngineObserver] = (),
+                 alloc_context: Optional[Callable[[], contextlib.AbstractContextManager]] = None):
         if mask is not None:
             mask = [int(v) for v in mask]
             if not mask or mask[0] != 1 or any(v not in (0, 1) for v in mask):
@@ -143,6 +150,7 @@ class ResidualCache:
         self._needed = forecasters.needed_steps(mask, self.forecaster.keeps) if mask is not None else set()
         self.cache_device = torch.device(cache_device) if cache_device is not None else None
         self.observers = tuple(observers)  # told about each stack entry (observer.py), in this order
+        self.alloc_context = alloc_context or contextlib.nullcontext  # where kept tensors are made (module doc)
         # per point of the timeline, the hooks of the observers that do something there: the hot path calls no other
         self._on_enter, self._on_blocks, self._on_blocks_done, self._on_exit = (
             hooks(self.observers, p) for p in ("on_enter", "on_blocks", "on_blocks_done", "on_exit"))
@@ -217,8 +225,10 @@ class ResidualCache:
         # read by an observer; each snapshot then becomes its branch's stored δ (subtracted into in place), and it
         # is written into the δ this step evicts when there is one, so it costs one copy of h and no memory.
         keep = compute and ((self._on_residual and step is not None) or self._must_store(step, forced))
-        snaps = [self._snapshot(k, c, meta) for k, c in zip(keys, h.chunk(chunks, 0) if chunks > 1 else (h,))] \
-            if keep else None
+        snaps = None
+        if keep:
+            with self.alloc_context():  # the snapshots outlive the stack entry (they become the stored δ)
+                snaps = [self._snapshot(k, c, meta) for k, c in zip(keys, h.chunk(chunks, 0) if chunks > 1 else (h,))]
         self._pending = (h, snaps, keys, chunks, compute, forced, meta)
         if step is not None:
             for hook in self._on_blocks:
@@ -257,13 +267,14 @@ class ResidualCache:
             if snaps is not None:
                 readers = self._on_residual if step is not None else ()
                 store = self._must_store(step, forced)
-                for k, zp, hp in zip(keys, z.chunk(chunks, 0) if chunks > 1 else (z,), snaps):
-                    # an observer also reads h; otherwise δ overwrites the snapshot (it is ours alone)
-                    d = zp - hp if readers else torch.sub(zp, hp, out=hp)
-                    for hook in readers:
-                        hook(step, k, hp, d)
-                    if store:
-                        self._store(k, step, d, meta)
+                with self.alloc_context():  # what the observers and the store keep outlives the stack entry
+                    for k, zp, hp in zip(keys, z.chunk(chunks, 0) if chunks > 1 else (z,), snaps):
+                        # an observer also reads h; otherwise δ overwrites the snapshot (it is ours alone)
+                        d = zp - hp if readers else torch.sub(zp, hp, out=hp)
+                        for hook in readers:
+                            hook(step, k, hp, d)
+                        if store:
+                            self._store(k, step, d, meta)
             if step is not None:
                 for hook in self._on_exit:
                     hook(step)

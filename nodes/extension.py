@@ -5,6 +5,7 @@ from comfy_api.latest import ComfyExtension, io
 
 from .apply_node import GCacheApply
 from .comfy_common import all_folders, register_folder
+from .patching import family_paths
 from .policy_node import GCachePolicy
 from .profile_node import GCacheLoadProfile, GCacheProfile
 from .search_jobs import background
@@ -15,10 +16,12 @@ _SET_UP = []
 
 
 def _set_up() -> None:
-    """Once per process: the models/gcache folder and the routes of the background-search panel (GET /gcache/searches,
-    POST /gcache/searches/{id}/cancel). From get_node_list too: ComfyUI 0.3.64 never calls on_load."""
+    """Once per process: which of the family table's model classes this ComfyUI has, the models/gcache folder and the
+    routes of the background-search panel (GET /gcache/searches, POST /gcache/searches/{id}/cancel). From
+    get_node_list too: ComfyUI 0.3.64 never calls on_load."""
     if not _SET_UP:
         _SET_UP.append(True)
+        family_paths.check()  # the family table's classes this ComfyUI lacks: left out, one log line
         register_folder()
         background.register_routes(all_folders)
 

@@ -52,7 +52,7 @@ class ApplyConfig(ModeConfig):
         # lane times its steps (the measured speed-up of the log line)
         return RunState(lambda: ResidualCache(mask, cache_device=cache_device, forecast=fc, times=times,
                                               forecast_params=params, observers=(StepClock(),)),
-                        tracker, self.owner, on_close=finish)
+                        tracker, self.owner, on_close=finish, may_skip=0 in mask)
 
 
 def apply_config(model, policy: Policy, on_mismatch: str = "remap", cache_device: Optional[str] = None,

@@ -15,7 +15,7 @@ from ...core.profile import Profile, ProfileRecorder
 from ...core.step_clock import StackClock, StepClock
 from .. import artifacts
 from ..artifacts import FOLDER_FIX, cant_write
-from ..patching.runtime import RunState
+from ..patching.runtime import RunState, Variant
 from ..patching.steps import Schedule
 from .base import ModeConfig, where_run
 from .splits import SPLITS, Half
@@ -100,6 +100,7 @@ class ProfileConfig(ModeConfig):
             shares = recorder.meta.pop(_IO_STEPS, [])
             if shares:
                 recorder.meta["io_runs"] = [run_summary(shares)]
+            _drop_partial_variants(recorder)
             prof = recorder.finish()
             if prof.count == 0:
                 log.warning("GCache Profile: no branch recorded every step; nothing was added.")
@@ -114,7 +115,7 @@ class ProfileConfig(ModeConfig):
                 return ResidualCache(None, observers=(StepClock(),))
             return ResidualCache(None, observers=(recorder, StackClock()))  # the stack timed: the io share
 
-        return RunState(engine, tracker, self.owner, on_close=finish)
+        return RunState(engine, tracker, self.owner, on_close=finish, may_skip=False)  # computes every step
 
     def _add(self, prof: Profile, sched: Schedule) -> Optional[str]:
         """Merge into the file. A file damaged or replaced during sampling, or a folder that cannot be written,
@@ -139,6 +140,19 @@ class ProfileConfig(ModeConfig):
         log.info("GCache Profile: added %d sample(s) over %s to %s (%d runs in total).", prof.count,
                  sched.where(), name, int(total.meta.get("runs", 0)))
         return None
+
+
+def _drop_partial_variants(recorder: ProfileRecorder) -> None:
+    """A call with block patches of its own (Skip Layer Guidance's extra call: a Variant branch) that ran on some
+    steps only (the guidance's start and end) is not a sample of the run: left out, said once, instead of the
+    recorder's "missed steps (interrupted run?)". One that ran on every step is a branch GCache caches: it is added."""
+    partial = [k for k, b in recorder.branches.items() if isinstance(k, Variant) and not all(b.recorded)]
+    for k in partial:
+        del recorder.branches[k]
+    if partial:
+        log.info("GCache Profile: %d model call(s) per step with other block patches (%s) ran on some steps only; "
+                 "they are not added to the profile (the plain calls are).", len(partial),
+                 "; ".join(sorted({k.patches for k in partial})))
 
 
 def profile_config(model, profile_path: str, history_device: Optional[str] = None, forecast: bool = False,

@@ -155,6 +155,35 @@ def qualified_name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+# Class paths of the table that this ComfyUI does not have (family_paths.check, when the nodes load): path -> why.
+# Their rows are not matched by them; a model of such a class, or of a class with the same name elsewhere, falls back
+# loudly (choose_adapter). Empty until checked (headless, and before the nodes load: every path counts).
+GONE: dict = {}
+
+
+def set_gone(gone: dict) -> None:
+    GONE.clear()
+    GONE.update(gone)
+
+
+def _gone_row(diffusion_model) -> Optional[tuple]:
+    """(row, path, how) when the model's class is a class path this ComfyUI lacks (how="gone"), or has the same name
+    as one (how="moved"): the family the class belongs to, which GCache can't use for it."""
+    if not GONE:
+        return None
+    mro = [qualified_name(c) for c in type(diffusion_model).__mro__]
+    for a in ADAPTERS:
+        for path in a.classes:
+            if path in GONE and path in mro:
+                return a, path, "gone"
+    names = {c.__qualname__ for c in type(diffusion_model).__mro__}
+    for a in ADAPTERS:
+        for path in a.classes:
+            if path in GONE and path.rsplit(".", 1)[1] in names:
+                return a, path, "moved"
+    return None
+
+
 @dataclass(frozen=True)
 class Match:
     """The table's answer for one model class: which row, and whether the class itself was verified."""
@@ -168,6 +197,8 @@ def find_adapter(diffusion_model) -> Match:
     `choose_adapter` also checks an unverified subclass and the blocks."""
     for n, cls in enumerate(type(diffusion_model).__mro__):
         name = qualified_name(cls)
+        if name in GONE:
+            continue
         for a in ADAPTERS:
             if name in a.classes:
                 return Match(a, cls, n == 0)
@@ -218,6 +249,16 @@ def choose_adapter(diffusion_model) -> Adapter:
                  FALLBACK.name, FALLBACK.notes)
         return FALLBACK
     if ad.route == Route.FALLBACK:
+        gone = _gone_row(diffusion_model)
+        if gone is not None:
+            row, path, how = gone
+            where = (f"its class {path} could not be found on this ComfyUI when GCache loaded ({GONE[path]})"
+                     if how == "gone" else f"its class name is that of {path}, which is not there on this ComfyUI "
+                     f"({GONE[path]}): the class moved or was renamed")
+            log.warning("GCache: %s belongs to the %s family, but %s; the %s adapter was verified on that class only, so "
+                        "this model uses the %s (%s). Please report this ComfyUI version.", name, row.name, where,
+                        row.name, FALLBACK.name, FALLBACK.notes)
+            return ad
         log.info("GCache: %s has no family adapter; using the %s (%s).", name, ad.name, ad.notes)
         return ad
     if not match.verified:

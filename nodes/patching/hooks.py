@@ -3,8 +3,9 @@
 model.clone() → the config (a RunConfig: plain data, no tensors, never changed after the node made it; the modes
 in ../modes make them) in transformer_options["gcache"], three wrappers keyed "gcache" (OUTER_SAMPLE: the config
 starts the per-run state, closed in `finally`; SAMPLER_SAMPLE: the step callback; APPLY_MODEL: the step of every
-model call, and the whole-model fallback) and the family's block patches. Nothing is stored on the shared diffusion
-model; object patches (families without dit replace) are ModelPatcher's own, restored on unpatch.
+model call, other nodes' patches in GCache's slots (foreign.py), and the whole-model fallback) and the family's block
+patches, which wrap what another node put in their slots before. Nothing is stored on the shared diffusion model;
+object patches (families without dit replace) are ModelPatcher's own, restored on unpatch.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Callable, Optional, Protocol
 
 from comfy.patcher_extension import WrappersMP
 
-from . import companions
+from . import companions, foreign, memory_compiler
 from .adapters import Adapter, Route, block_slots
 from .content_hash import content_hash
 from .runtime import RunState, activate, current_run, deactivate, make_dit_patch, make_gated_forward
@@ -44,21 +45,33 @@ def patch_model(model, config: RunConfig, what: str = "GCache"):
         m.remove_wrappers_with_key(kind, KEY)
         m.add_wrapper_with_key(kind, KEY, fn)
     ad = config.adapter
+    chained = []  # slots that hold another node's patch: GCache's gate calls it as the block (foreign.py)
     if ad.route == Route.DIT:
+        held = ((m.model_options.get("transformer_options") or {}).get("patches_replace") or {}).get("dit") or {}
         for slot in block_slots(ad, dm):
-            m.set_model_patch_replace(make_dit_patch(slot, config.owner), "dit", slot.stack.key, slot.index)
+            key = (slot.stack.key, slot.index)
+            inner = foreign.chain_target(held.get(key))
+            chained += [key] if inner is not None else []
+            m.set_model_patch_replace(make_dit_patch(slot, config.owner, inner), "dit", *key)
     elif ad.route == Route.OBJECT:
         for slot in block_slots(ad, dm):
+            name = _object_name(slot)
+            inner = foreign.chain_target(m.object_patches.get(name))
             block = getattr(getattr(dm, slot.stack.attr), slot.child)
-            original = type(block).forward.__get__(block)  # the class's forward, not an earlier patch
-            m.add_object_patch(f"diffusion_model.{slot.stack.attr}.{slot.child}.forward",
-                               make_gated_forward(slot, original, config.owner))
+            original = inner if inner is not None else type(block).forward.__get__(block)  # not GCache's own patch
+            chained += [name] if inner is not None else []
+            m.add_object_patch(name, make_gated_forward(slot, original, config.owner, chained=inner is not None))
+    foreign.say_chained(chained, what)
     companions.compile_blocks(m, ad, dm, what)  # TorchCompileModel before GCache: compile the blocks instead
     return m
 
 
 def config_of(model) -> Optional[RunConfig]:
     return model.model_options.get("transformer_options", {}).get(KEY)
+
+
+def _object_name(slot) -> str:
+    return f"diffusion_model.{slot.stack.attr}.{slot.child}.forward"
 
 
 # ------------------------------------------------------------------------------------------ the wrappers
@@ -79,10 +92,18 @@ def _outer_sample(executor, *args, **kwargs):
                             a["sigmas"])
 
     run = config.start_run(guider.model_patcher, [float(s) for s in a["sigmas"].float().cpu()], sample_key)
+    patcher, ad = guider.model_patcher, config.adapter
+    if ad.route != Route.FALLBACK:
+        slots = block_slots(ad, patcher.get_model_object("diffusion_model"))
+        if ad.route == Route.DIT:
+            run.slots = slots  # each call's other patches in them get GCache's gate (_apply_model)
+        else:
+            foreign.check_object_patches(patcher.object_patches, [_object_name(s) for s in slots], config.owner)
     token = activate(run)
     ok = False
     try:
-        out = executor(*args, **kwargs)
+        with memory_compiler.for_run(run, ad.route, patcher.load_device):
+            out = executor(*args, **kwargs)
         ok = True
         return out
     finally:
@@ -111,8 +132,16 @@ def _apply_model(executor, *args, **kwargs):
     run = current_run(config.owner) if config is not None else None
     if run is None:
         return executor(*args, **kwargs)
-    run.begin_call(float(args[1].reshape(-1)[0]), topts)
+    # other nodes' patches in GCache's slots get GCache's gate; a call with patches the plain calls lack is a branch
+    guarded, patches = foreign.guard_call(topts, run.slots, config.owner, make_dit_patch)
+    if guarded is not topts:
+        args, kwargs = (args[:5] + (guarded,) + args[6:], kwargs) if len(args) > 5 else \
+            (args, dict(kwargs, transformer_options=guarded))
+    run.begin_call(float(args[1].reshape(-1)[0]), topts, patches)
     if config.adapter.route != Route.FALLBACK:
-        return executor(*args, **kwargs)
+        out = executor(*args, **kwargs)
+        if run.end_call():  # it skipped but never reached GCache's last block: computed again, every block
+            out = executor(*args, **kwargs)
+        return out
     # the whole model is the "stack": its input latent is h, its output the stack's output
     return run.gate(args[0], lambda x: executor(x, *args[1:], **kwargs), first=True, last=True)

@@ -17,7 +17,7 @@ import contextvars
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 from ...core.engine import CacheStats, ResidualCache
 from ...core.errors import GCacheError
@@ -68,6 +68,13 @@ def branch_keys(transformer_options: Optional[dict], names: Optional[dict] = Non
     return keys
 
 
+class Variant(NamedTuple):
+    """The branch of a call whose block patches differ from the run's plain calls (another node's patch in a slot,
+    e.g. Skip Layer Guidance's extra call): it caches on its own and never reads or overwrites the plain branch."""
+    base: Any         # the branch key the call would have without its own patches
+    patches: str      # a stable signature of those patches (foreign.py)
+
+
 @dataclass
 class _Lane:
     """One device's model calls within a run: its cache and the call it is in."""
@@ -75,13 +82,17 @@ class _Lane:
     branches: list = field(default_factory=lambda: ["all"])
     compute: bool = True
     n_img: int = 0
+    patches: str = ""        # the current call's patch signature ("" for the plain calls)
+    entered: bool = False    # this call entered the stack through GCache's first block and has not left it yet
+    through: bool = False    # this call runs every block without the cache (see RunState.end_call)
+    in_slot: Optional[tuple] = None  # the slot whose gate is running (a patch that chains back to ours: no 2nd gate)
 
 
 class RunState:
     """One sampling run of one patched model clone: the step tracker, one lane (cache + call) per device."""
 
     def __init__(self, make_cache: Callable[[], ResidualCache], tracker: StepTracker, owner: str,
-                 on_close: Optional[Callable[["RunState", CacheStats, bool], None]] = None):
+                 on_close: Optional[Callable[["RunState", CacheStats, bool], None]] = None, may_skip: bool = True):
         self.make_cache = make_cache
         self.on_close = [on_close] if on_close else []  # the mode's end of the run: logs, files (in order)
         self.tracker = tracker
@@ -89,6 +100,10 @@ class RunState:
         self.names: dict = {}       # cond uuid -> stable branch name for this run (shared by the lanes)
         self.calls = 0              # model calls (a run whose stack was never entered is reported)
         self.disabled: Optional[str] = None  # why this run stopped caching (it then computes every step)
+        self.may_skip = may_skip    # whether the mode may skip the stack at all (ComfyUI's memory compiler asks)
+        self.slots: list = []       # the dit slots GCache patched (hooks.py sets them; foreign.py checks each call)
+        self.alloc_context: Optional[Callable] = None  # where the caches make what they keep (memory_compiler.py)
+        self.uncached: set = set()  # patch signatures of calls that left the stack unpaired: they compute
         self._lanes: dict = {}        # "main", or the device of ComfyUI's MultiGPU CFG split -> lane
         self._by_thread: dict = {}    # thread id -> the lane of its current call
         self._lock = threading.Lock()
@@ -103,6 +118,8 @@ class RunState:
             ln = self._lanes.get(key)
             if ln is None:
                 ln = self._lanes[key] = _Lane(self.make_cache())
+                if self.alloc_context is not None:
+                    ln.cache.alloc_context = self.alloc_context
             self._by_thread[threading.get_ident()] = ln
         return ln
 
@@ -112,17 +129,63 @@ class RunState:
         return self.lane().cache
 
     # ---------------------------------------------------------------- per model call
-    def begin_call(self, sigma: float, transformer_options: Optional[dict]) -> int:
+    def begin_call(self, sigma: float, transformer_options: Optional[dict], patches: str = "") -> int:
+        """A model call starts. `patches`: the signature of the block patches this call has that the run's plain
+        calls don't (foreign.py); such a call is a Variant branch of its conds."""
         # a lane per device: the MultiGPU CFG split names the device of each call (its pool threads live as long
         # as the run, but the device is what a cache must follow)
         ln = self._lane_for((transformer_options or {}).get("multigpu_thread_device", "main"))
+        if ln.entered:  # the last call raised between entering and leaving the stack: nothing half-entered carries over
+            ln.cache.abort()
+            ln.entered = False
         step = self.tracker.step(sigma)
         ln.cache.set_step(step)
         with self._lock:  # the lanes share the cond names
-            ln.branches = branch_keys(transformer_options, self.names)
+            keys = branch_keys(transformer_options, self.names)
+            ln.branches = [Variant(k, patches) for k in keys] if patches else keys
             self.calls += 1
-        ln.compute = True
+        ln.compute, ln.patches, ln.in_slot = True, patches, None
+        ln.through = patches in self.uncached
         return step
+
+    def end_call(self) -> bool:
+        """The model call of this thread returned. True when it must run again: it entered the stack through
+        GCache's first block, skipped it, and never reached GCache's last block (another node replaced it for the
+        call), so h + δ was never put back. The repeat computes every block; calls with the same patches compute
+        for the rest of the run. Never an error, and nothing half-entered is left for the next call."""
+        ln = self.lane()
+        if not ln.entered:
+            return False
+        redo = not ln.compute
+        self._unpaired(ln)
+        ln.through = redo
+        return redo
+
+    def _mismatch(self, ln: _Lane, error: Exception) -> None:
+        """A computed call whose stack output does not match its input's image tokens: never a failed prompt. A call
+        with other nodes' patches (they changed the tokens) computes from now on; a plain call stops the caching."""
+        ln.cache.abort()
+        if not ln.patches:
+            self.disable(f"the block stack's output does not match its input ({error})")
+            return
+        with self._lock:
+            new = ln.patches not in self.uncached
+            self.uncached.add(ln.patches)
+        if new:
+            log.warning("GCache: a model call with other block patches (%s) changed the block stack's image tokens "
+                        "(%s); calls like it compute every step for the rest of this run.", ln.patches, error)
+
+    def _unpaired(self, ln: _Lane) -> None:
+        ln.cache.abort()
+        ln.entered = False
+        with self._lock:
+            new = ln.patches not in self.uncached
+            self.uncached.add(ln.patches)
+        if new:
+            log.warning("GCache: a model call%s entered the block stack through GCache's first block but did not leave "
+                        "it through GCache's last block (another node replaced that block's patch for the call); "
+                        "calls like it compute every step for the rest of this run.",
+                        f" with other block patches ({ln.patches})" if ln.patches else "")
 
     def disable(self, reason: str) -> None:
         """Stop caching for the rest of this run (every step computes), loudly, instead of failing the prompt."""
@@ -146,23 +209,39 @@ class RunState:
         if self.disabled is not None:
             return run_block(x)
         ln = self.lane()
+        if ln.through:
+            return run_block(x)
         if first:
+            if ln.entered:  # entered twice without leaving (a model that runs its stack twice per call)
+                self._unpaired(ln)
+                return run_block(x)
             h = streams.take_image(x, layout, None, img_slice, where)
             ln.n_img = h.shape[1]
             ln.compute = ln.cache.enter(h, ln.branches)
+            ln.entered = True
             if not ln.compute:
                 x = streams.clone(x)  # skipped: callers may add into what the blocks pass on (Wan VACE hints)
+        elif not ln.entered:
+            # this call did not enter the stack through GCache's first block (another node replaced it for the
+            # call): GCache does not cache the call, every block computes and nothing is stored
+            return run_block(x)
         if ln.compute:
             try:
                 out = run_block(x)
             except BaseException:
                 ln.cache.abort()  # a failed block call must not leave a half-entered stack behind
+                ln.entered = False
                 raise
             if last:
-                ln.cache.exit(streams.take_image(tokens(out), layout, ln.n_img, img_slice, where))
+                ln.entered = False
+                try:
+                    ln.cache.exit(streams.take_image(tokens(out), layout, ln.n_img, img_slice, where))
+                except (GCacheError, ValueError) as e:  # the stack changed its image tokens: its output stands as is
+                    self._mismatch(ln, e)
             return out
         if not last:
             return passed(x)
+        ln.entered = False
         return passed(streams.put_image(x, layout, ln.cache.exit(None), img_slice, where))
 
     # ---------------------------------------------------------------- end of the run
@@ -210,18 +289,26 @@ def current_run(owner: str) -> Optional[RunState]:
 
 
 # ------------------------------------------------------------------------------ dit replace patches
-def make_dit_patch(slot: BlockSlot, owner: str) -> Callable:
-    """patches_replace["dit"] patch: patch(args, {"original_block": fn}) -> dict of the block's outputs."""
+def make_dit_patch(slot: BlockSlot, owner: str, inner: Optional[Callable] = None) -> Callable:
+    """patches_replace["dit"] patch: patch(args, {"original_block": fn}) -> dict of the block's outputs.
+
+    `inner`: another node's patch that held the slot (foreign.py): GCache's gate calls it as the block,
+    inner(args, extra), instead of the original block. The patch carries its slot, owner and inner (foreign.py
+    tells GCache's patches from others' by them)."""
     stack = slot.stack
+    key = (stack.key, slot.index)
     joint = stack.layout in streams.JOINT
     where = f"{stack.key} ({stack.attr})"
     # a loop that runs one cond per call may pass [tokens, dim]: the engine sees it as a batch of one
     lift, drop = (_same, _same) if stack.batched else ((lambda t: t[None]), (lambda t: t[0]))
 
     def patch(args: dict, extra: dict) -> dict:
-        original = extra["original_block"]
+        original = extra["original_block"] if inner is None else (lambda a: inner(a, extra))
         run = current_run(owner)
         if run is None or run.disabled is not None:
+            return original(args)
+        ln = run.lane()
+        if ln.in_slot == key:  # called by the patch GCache's gate runs in this slot (it chains to ours): one gate
             return original(args)
         x = args.get("img")
         if not streams.is_stream(x):
@@ -240,15 +327,21 @@ def make_dit_patch(slot: BlockSlot, owner: str) -> Callable:
             return original(args if y is xs else dict(args, img=drop(y)))
 
         topts = args.get("transformer_options") or {}
-        return run.gate(xs, run_block, slot.first, slot.last, stack.layout, tokens=lambda out: lift(out["img"]),
-                        passed=passed, img_slice=topts.get("img_slice") if joint else None, where=where)
+        ln.in_slot = key
+        try:
+            return run.gate(xs, run_block, slot.first, slot.last, stack.layout, tokens=lambda out: lift(out["img"]),
+                            passed=passed, img_slice=topts.get("img_slice") if joint else None, where=where)
+        finally:
+            ln.in_slot = None
 
+    patch.gcache_slot, patch.gcache_owner, patch.gcache_inner = key, owner, inner
     return patch
 
 
 # ------------------------------------------------------------------------------ object-patched forwards
-def make_gated_forward(slot: BlockSlot, original: Callable, owner: str) -> Callable:
-    """A block `forward` for families without dit replace: same signature, gated by the run."""
+def make_gated_forward(slot: BlockSlot, original: Callable, owner: str, chained: bool = False) -> Callable:
+    """A block `forward` for families without dit replace: same signature, gated by the run. `chained`: `original`
+    is another node's object patch of this forward (GCache wraps it), not the block's own forward."""
     call = slot.stack.call
     arg, bd = call.arg, call.batch_dim
     where = f"{slot.stack.key} ({slot.stack.attr})"
@@ -286,4 +379,5 @@ def make_gated_forward(slot: BlockSlot, original: Callable, owner: str) -> Calla
                         img_slice=topts.get("img_slice") if slot.stack.layout in streams.JOINT else None,
                         where=where)
 
+    forward.gcache_slot, forward.gcache_owner, forward.gcache_inner = slot.child, owner, original if chained else None
     return forward
