@@ -79,8 +79,9 @@ def test_the_profile_history_is_made_inside_the_context():
     with mode:
         run(cache, 4)
     kept = [t for b in rec.branches.values()
-            for t in (b.hist, b.rows, b.norms, b.rel_h, b.prev_h, b.e1, b.sq, b.cross, b.gram)]
+            for t in (b.hist, b.rows, b.norms, b.rel_h, b.prev_h, *(t for acc in b.acc.values() for t in acc.values()))]
     assert len(rec.branches) == 2 and all(mode.made_inside(t) for t in kept)
+    assert {"e1", "fit", "gram"} <= {name for b in rec.branches.values() for name in b.acc}  # every statistic's tensors
     assert rec.finish().count == 2
 
 
