@@ -611,6 +611,106 @@ def speedup_prediction_prose(results) -> str:
             "Excerpt:")
 
 
+# ------------------------------------------------------------------------------------------------ works-with.md
+COMPOSITION_RUNS = {"composition": "0.33.0", "composition_0.3.64": "0.3.64"}  # run → the ComfyUI it measures
+COMPOSITION_FAMILIES = {"flux": "Flux", "wan": "Wan", "lumina2": "Lumina2"}
+
+
+def composition(results, run: str = "composition") -> dict:
+    """A composition result, checked to be of the ComfyUI version its run names."""
+    res = results(run)
+    if res["comfyui"] != COMPOSITION_RUNS[run]:
+        raise RenderError(f"{run} was measured on ComfyUI {res['comfyui']}, not {COMPOSITION_RUNS[run]}: rerun "
+                          f"`{results.record(run)['command']}`")
+    return res
+
+
+def composition_rows(res: dict, x: str, family: str) -> list:
+    rows = [r for r in res["rows"] if r["x"] == x and r["family"] == family]
+    if not rows:
+        raise RenderError(f"the composition result has no row for {family} {x}")
+    return rows
+
+
+def composition_figures(res: dict, xs: tuple) -> str:
+    """GCache + X against plain + X on Flux, then Wan: a range over the blocks of one X, or 'a and b' of two Xs."""
+    per_family = []
+    for fam in ("flux", "wan"):
+        values = [[r["gcache_x_vs_plain_x"] for r in composition_rows(res, x, fam)] for x in xs]
+        per_family.append(" and ".join(span(v, ".4f") for v in values))
+    return ", ".join(per_family)
+
+
+def composition_orders(res: dict, xs: tuple, say_identical: str = "") -> str:
+    """What the node orders gave: `say_identical` when every row of xs was bit-identical, else where they differ."""
+    rows = [r for x in xs for fam in ("flux", "wan") for r in composition_rows(res, x, fam)]
+    differ = [f"{COMPOSITION_FAMILIES[r['family']]}, {r['where'] or r['x']}" for r in rows if r["orders"] == "differ"]
+    if differ:
+        return f"; the node orders differ ({'; '.join(differ)})"
+    return say_identical
+
+
+@block("composition.base")
+def composition_base(results) -> str:
+    res = composition(results)
+    return ", ".join(f"{num(res['gcache_vs_plain'][f], '.4f')} on {COMPOSITION_FAMILIES[f]}" for f in ("flux", "wan"))
+
+
+@block("composition.largest")
+def composition_largest(results) -> str:
+    res = composition(results)
+    worst = max((r for r in res["rows"] if r["ratio"] is not None), key=lambda r: r["ratio"])
+    what = worst["x"].replace("30-80 %", "on 30–80 % of the steps")
+    where = f" on the {worst['where']} block" if worst["where"] and "steps" not in what else ""
+    return f"{num(worst['ratio'], '.2f')}, {COMPOSITION_FAMILIES[worst['family']]} with {what}{where}"
+
+
+@block("composition.table")
+def composition_table(results) -> str:
+    res = composition(results)
+    slg, simple, part = "SkipLayerGuidanceDiT", "SkipLayerGuidanceDiTSimple", "SkipLayerGuidanceDiT 30-80 %"
+    patch, guiders, cfgs = "another node's block patch", ("PerpNegGuider", "DualCFGGuider"), ("CFGZeroStar", "APG")
+    lumina = composition_rows(res, "another node's object patch after GCache", "lumina2")
+    object_patch = ("equal to plain + X" if all(r["gcache_x_vs_plain_x"] == 0 for r in lumina) else
+                    span([r["gcache_x_vs_plain_x"] for r in lumina], ".4f")) + " (tiny Lumina2)"
+    rows = [
+        (f"**{slg}**, first, a middle or the last block, either order",
+         "the guidance's extra cond call is a branch of its own"
+         + composition_orders(res, (slg,), "; both orders bit-identical"), composition_figures(res, (slg,))),
+        (f"**{simple}**, the same blocks and orders", "the uncond call with the skip is a branch of its own"
+         + composition_orders(res, (simple,)), composition_figures(res, (simple,))),
+        (f"{slg} on 30–80 % of the steps", "the guidance's branch computes on its first step"
+         + composition_orders(res, (part,)), composition_figures(res, (part,))),
+        ("**PerpNegGuider**, **DualCFGGuider** (three conds per call)", "a residual per cond",
+         composition_figures(res, guiders)),
+        ("**CFGZeroStar**, **APG** (post- and pre-CFG functions)", "nothing to do: they only combine the conds' outputs"
+         + composition_orders(res, cfgs), composition_figures(res, cfgs)),
+        ("another node's block patch, before GCache, after it, or after it calling through GCache's own patch",
+         "called on every computed step, exactly as without GCache (once per call, never twice)"
+         + composition_orders(res, (patch,), "; all orders bit-identical"), composition_figures(res, (patch,))),
+        ("another node's object patch of a block after GCache (Lumina2, Z-Image, HiDream, … whose blocks GCache "
+         "patches as objects)", "can't be wrapped per call: said in the log (\"put that node before GCache\"); the "
+         "calls that miss GCache's first or last block compute", object_patch),
+    ]
+    return table(["X beside GCache", "what GCache does", "GCache + X vs plain + X (Flux, Wan)"], rows)
+
+
+@block("composition.versions")
+def composition_versions(results) -> str:
+    """Whether ComfyUI 0.3.64 gave the figures 0.33.0 gave."""
+    new, old = composition(results), composition(results, "composition_0.3.64")
+    if {k: v for k, v in new.items() if k != "comfyui"} == {k: v for k, v in old.items() if k != "comfyui"}:
+        return "the figures were the same on ComfyUI 0.3.64"
+    if [r["x"] for r in new["rows"]] != [r["x"] for r in old["rows"]]:
+        raise RenderError("composition and composition_0.3.64 measured different rows: rerun both")
+    differ = [f"{COMPOSITION_FAMILIES[a['family']]} {a['x']}{' ' + a['where'] if a['where'] else ''} "
+              f"{num(b['gcache_x_vs_plain_x'], '.4f')}" for a, b in zip(new["rows"], old["rows"])
+              if num(a["gcache_x_vs_plain_x"], ".4f") != num(b["gcache_x_vs_plain_x"], ".4f")]
+    if not differ:
+        return "the figures were the same on ComfyUI 0.3.64 to the 4 decimals shown"
+    return "on ComfyUI 0.3.64 these differ: " + "; ".join(differ)
+
+
 # ------------------------------------------------------------------------------------------------ search.md
 @block("search_excerpt.output")
 def search_excerpt_output(results) -> str:
