@@ -122,6 +122,8 @@ SCRIPTS = [  # script, what it measures, its run in bench/runs.py (or its durati
     ("bench/cluster.py", "the search on 2 Ray workers against the sequential search: speed and quality", "cluster_64",
      "Ray"),
     ("bench/route_quality.py", "block-stack caching against the whole-model fallback", "route_quality", "ComfyUI"),
+    ("bench/composition.py", "GCache beside Skip Layer Guidance, PerpNeg/DualCFG, CFGZeroStar/APG and other nodes' "
+     "patches, against those nodes alone", "composition", "ComfyUI"),
     ("bench/speedup_prediction.py", "predicted against measured speed-up, over reruns", "speedup_prediction",
      "ComfyUI for the tiny Flux and Wan"),
     ("bench/recorder.py", "the profile recorder's cost per step, this tree against another git revision", 2, "git"),
@@ -697,18 +699,28 @@ def composition_table(results) -> str:
 
 @block("composition.versions")
 def composition_versions(results) -> str:
-    """Whether ComfyUI 0.3.64 gave the figures 0.33.0 gave."""
+    """Whether ComfyUI 0.3.64 gave the figures the table shows for 0.33.0 (GCache vs plain, GCache + X vs plain + X
+    and the orders; X vs plain, which the table does not show, may differ where a model's code changed)."""
     new, old = composition(results), composition(results, "composition_0.3.64")
-    if {k: v for k, v in new.items() if k != "comfyui"} == {k: v for k, v in old.items() if k != "comfyui"}:
-        return "the figures were the same on ComfyUI 0.3.64"
+
+    def shown(res):
+        return ([res["gcache_vs_plain"][f] for f in ("flux", "wan")],
+                [(r["family"], r["x"], r["where"], r["gcache_x_vs_plain_x"], r["orders"]) for r in res["rows"]])
+    if shown(new) == shown(old):
+        return "ComfyUI 0.3.64 gave the same figures"
     if [r["x"] for r in new["rows"]] != [r["x"] for r in old["rows"]]:
         raise RenderError("composition and composition_0.3.64 measured different rows: rerun both")
-    differ = [f"{COMPOSITION_FAMILIES[a['family']]} {a['x']}{' ' + a['where'] if a['where'] else ''} "
-              f"{num(b['gcache_x_vs_plain_x'], '.4f')}" for a, b in zip(new["rows"], old["rows"])
-              if num(a["gcache_x_vs_plain_x"], ".4f") != num(b["gcache_x_vs_plain_x"], ".4f")]
+    differ = [f"{COMPOSITION_FAMILIES[b['family']]} {b['x']}{' ' + b['where'] if b['where'] else ''}: "
+              f"{num(b['gcache_x_vs_plain_x'], '.4f')}" + (", the orders differ" if b["orders"] == "differ" else "")
+              for a, b in zip(new["rows"], old["rows"])
+              if num(a["gcache_x_vs_plain_x"], ".4f") != num(b["gcache_x_vs_plain_x"], ".4f")
+              or a["orders"] != b["orders"]]
+    differ += [f"GCache vs plain on {COMPOSITION_FAMILIES[f]}: {num(old['gcache_vs_plain'][f], '.4f')}"
+               for f in ("flux", "wan")
+               if num(new["gcache_vs_plain"][f], ".4f") != num(old["gcache_vs_plain"][f], ".4f")]
     if not differ:
-        return "the figures were the same on ComfyUI 0.3.64 to the 4 decimals shown"
-    return "on ComfyUI 0.3.64 these differ: " + "; ".join(differ)
+        return "ComfyUI 0.3.64 gave the same figures to the 4 decimals shown"
+    return "on ComfyUI 0.3.64 these differed: " + "; ".join(differ)
 
 
 # ------------------------------------------------------------------------------------------------ search.md
