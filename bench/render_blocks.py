@@ -122,6 +122,8 @@ SCRIPTS = [  # script, what it measures, its run in bench/runs.py (or its durati
     ("bench/cluster.py", "the search on 2 Ray workers against the sequential search: speed and quality", "cluster_64",
      "Ray"),
     ("bench/route_quality.py", "block-stack caching against the whole-model fallback", "route_quality", "ComfyUI"),
+    ("bench/composition.py", "GCache beside Skip Layer Guidance, PerpNeg/DualCFG, CFGZeroStar/APG and other nodes' "
+     "patches, against those nodes alone", "composition", "ComfyUI"),
     ("bench/speedup_prediction.py", "predicted against measured speed-up, over reruns", "speedup_prediction",
      "ComfyUI for the tiny Flux and Wan"),
     ("bench/recorder.py", "the profile recorder's cost per step, this tree against another git revision", 2, "git"),
@@ -609,6 +611,116 @@ def speedup_prediction_prose(results) -> str:
             f"prediction's spread over the reruns, (max − min) / median, was {spreads} (goal ≤ 5 %); the predicted "
             f"median lay within the measured min–max of whole runs for {sum(inside)} of {len(inside)} (model, K). "
             "Excerpt:")
+
+
+# ------------------------------------------------------------------------------------------------ works-with.md
+COMPOSITION_RUNS = {"composition": "0.33.0", "composition_0.3.64": "0.3.64"}  # run → the ComfyUI it measures
+COMPOSITION_FAMILIES = {"flux": "Flux", "wan": "Wan", "lumina2": "Lumina2"}
+
+
+def composition(results, run: str = "composition") -> dict:
+    """A composition result, checked to be of the ComfyUI version its run names."""
+    res = results(run)
+    if res["comfyui"] != COMPOSITION_RUNS[run]:
+        raise RenderError(f"{run} was measured on ComfyUI {res['comfyui']}, not {COMPOSITION_RUNS[run]}: rerun "
+                          f"`{results.record(run)['command']}`")
+    return res
+
+
+def composition_rows(res: dict, x: str, family: str) -> list:
+    rows = [r for r in res["rows"] if r["x"] == x and r["family"] == family]
+    if not rows:
+        raise RenderError(f"the composition result has no row for {family} {x}")
+    return rows
+
+
+def composition_figures(res: dict, xs: tuple) -> str:
+    """GCache + X against plain + X on Flux, then Wan: a range over the blocks of one X, or 'a and b' of two Xs."""
+    per_family = []
+    for fam in ("flux", "wan"):
+        values = [[r["gcache_x_vs_plain_x"] for r in composition_rows(res, x, fam)] for x in xs]
+        per_family.append(" and ".join(span(v, ".4f") for v in values))
+    return ", ".join(per_family)
+
+
+def composition_orders(res: dict, xs: tuple, say_identical: str = "") -> str:
+    """What the node orders gave: `say_identical` when every row of xs was bit-identical, else where they differ."""
+    rows = [r for x in xs for fam in ("flux", "wan") for r in composition_rows(res, x, fam)]
+    differ = [f"{COMPOSITION_FAMILIES[r['family']]}, {r['where'] or r['x']}" for r in rows if r["orders"] == "differ"]
+    if differ:
+        return f"; the node orders differ ({'; '.join(differ)})"
+    return say_identical
+
+
+@block("composition.base")
+def composition_base(results) -> str:
+    res = composition(results)
+    return ", ".join(f"{num(res['gcache_vs_plain'][f], '.4f')} on {COMPOSITION_FAMILIES[f]}" for f in ("flux", "wan"))
+
+
+@block("composition.largest")
+def composition_largest(results) -> str:
+    res = composition(results)
+    worst = max((r for r in res["rows"] if r["ratio"] is not None), key=lambda r: r["ratio"])
+    what = worst["x"].replace("30-80 %", "on 30–80 % of the steps")
+    where = f" on the {worst['where']} block" if worst["where"] and "steps" not in what else ""
+    return f"{num(worst['ratio'], '.2f')}, {COMPOSITION_FAMILIES[worst['family']]} with {what}{where}"
+
+
+@block("composition.table")
+def composition_table(results) -> str:
+    res = composition(results)
+    slg, simple, part = "SkipLayerGuidanceDiT", "SkipLayerGuidanceDiTSimple", "SkipLayerGuidanceDiT 30-80 %"
+    patch, guiders, cfgs = "another node's block patch", ("PerpNegGuider", "DualCFGGuider"), ("CFGZeroStar", "APG")
+    lumina = composition_rows(res, "another node's object patch after GCache", "lumina2")
+    object_patch = ("equal to plain + X" if all(r["gcache_x_vs_plain_x"] == 0 for r in lumina) else
+                    span([r["gcache_x_vs_plain_x"] for r in lumina], ".4f")) + " (tiny Lumina2)"
+    rows = [
+        (f"**{slg}**, first, a middle or the last block, either order",
+         "the guidance's extra cond call is a branch of its own"
+         + composition_orders(res, (slg,), "; both orders bit-identical"), composition_figures(res, (slg,))),
+        (f"**{simple}**, the same blocks and orders", "the uncond call with the skip is a branch of its own"
+         + composition_orders(res, (simple,)), composition_figures(res, (simple,))),
+        (f"{slg} on 30–80 % of the steps", "the guidance's branch computes on its first step"
+         + composition_orders(res, (part,)), composition_figures(res, (part,))),
+        ("**PerpNegGuider**, **DualCFGGuider** (three conds per call)", "a residual per cond",
+         composition_figures(res, guiders)),
+        ("**CFGZeroStar**, **APG** (post- and pre-CFG functions)", "nothing to do: they only combine the conds' outputs"
+         + composition_orders(res, cfgs), composition_figures(res, cfgs)),
+        ("another node's block patch, before GCache, after it, or after it calling through GCache's own patch",
+         "called on every computed step, exactly as without GCache (once per call, never twice)"
+         + composition_orders(res, (patch,), "; all orders bit-identical"), composition_figures(res, (patch,))),
+        ("another node's object patch of a block after GCache (Lumina2, Z-Image, HiDream, … whose blocks GCache "
+         "patches as objects)", "can't be wrapped per call: said in the log (\"put that node before GCache\"); the "
+         "calls that miss GCache's first or last block compute", object_patch),
+    ]
+    return table(["X beside GCache", "what GCache does", "GCache + X vs plain + X (Flux, Wan)"], rows)
+
+
+@block("composition.versions")
+def composition_versions(results) -> str:
+    """Whether ComfyUI 0.3.64 gave the figures the table shows for 0.33.0 (GCache vs plain, GCache + X vs plain + X
+    and the orders; X vs plain, which the table does not show, may differ where a model's code changed)."""
+    new, old = composition(results), composition(results, "composition_0.3.64")
+
+    def shown(res):
+        return ([res["gcache_vs_plain"][f] for f in ("flux", "wan")],
+                [(r["family"], r["x"], r["where"], r["gcache_x_vs_plain_x"], r["orders"]) for r in res["rows"]])
+    if shown(new) == shown(old):
+        return "ComfyUI 0.3.64 gave the same figures"
+    if [r["x"] for r in new["rows"]] != [r["x"] for r in old["rows"]]:
+        raise RenderError("composition and composition_0.3.64 measured different rows: rerun both")
+    differ = [f"{COMPOSITION_FAMILIES[b['family']]} {b['x']}{' ' + b['where'] if b['where'] else ''}: "
+              f"{num(b['gcache_x_vs_plain_x'], '.4f')}" + (", the orders differ" if b["orders"] == "differ" else "")
+              for a, b in zip(new["rows"], old["rows"])
+              if num(a["gcache_x_vs_plain_x"], ".4f") != num(b["gcache_x_vs_plain_x"], ".4f")
+              or a["orders"] != b["orders"]]
+    differ += [f"GCache vs plain on {COMPOSITION_FAMILIES[f]}: {num(old['gcache_vs_plain'][f], '.4f')}"
+               for f in ("flux", "wan")
+               if num(new["gcache_vs_plain"][f], ".4f") != num(old["gcache_vs_plain"][f], ".4f")]
+    if not differ:
+        return "ComfyUI 0.3.64 gave the same figures to the 4 decimals shown"
+    return "on ComfyUI 0.3.64 these differed: " + "; ".join(differ)
 
 
 # ------------------------------------------------------------------------------------------------ search.md

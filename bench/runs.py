@@ -40,6 +40,12 @@ CODE = ("core", "search")
 QUALITY = CODE + REFERENCE
 # ComfyUI's runs: the tree and venv docs/development.md sets up beside the clone
 COMFYUI_ENV, COMFYUI_PYTHON = (("COMFYUI_PATH", "../comfyui-0.33.0"),), "../venv-0.33.0/bin/python"
+# the oldest ComfyUI CI tests, made the same way (docs/development.md: the same steps without the torchaudio line)
+COMFYUI_0364_ENV, COMFYUI_0364_PYTHON = (("COMFYUI_PATH", "../comfyui-0.3.64"),), "../venv-0.3.64/bin/python"
+# What GCache Apply with a connected policy runs, and the other nodes as the composition tests apply them
+COMPOSITION = ("bench/composition.py", "tests/comfyui/composition_cases.py", "tests/comfyui/tiny_models.py",
+               "nodes/patching", "nodes/apply_node.py", "nodes/modes/apply.py", "nodes/modes/base.py",
+               "core/engine.py", "core/policy.py", "core/forecasters")
 SPEED = ("bench/speed.py", "bench/speed_harness.py", "bench/speed_models.py", "bench/speed_comfy.py", "core",
          "search/baselines.py")
 
@@ -102,13 +108,17 @@ RUNS = {r.name: r for r in (
     Run("route_quality", "gcache.bench.route_quality", (), ("bench/route_quality.py", "core", "search", "nodes",
                                                            "tests/comfyui/tiny_image_models_033.py"),
         minutes=4, needs="comfyui", env=COMFYUI_ENV, python=COMFYUI_PYTHON),
+    Run("composition", "gcache.bench.composition", ("--comfyui", "0.33.0"), COMPOSITION, minutes=0.5,
+        needs="comfyui", env=COMFYUI_ENV, python=COMFYUI_PYTHON),
+    Run("composition_0.3.64", "gcache.bench.composition", ("--comfyui", "0.3.64"), COMPOSITION, minutes=0.5,
+        needs="comfyui", env=COMFYUI_0364_ENV, python=COMFYUI_0364_PYTHON),
     Run("speedup_prediction", "gcache.bench.speedup_prediction", (), ("bench/speedup_prediction.py", "core", "search",
                                                                      "nodes", "tests/comfyui/tiny_models.py")
         + REFERENCE, minutes=25, kind="timing", needs="comfyui", env=COMFYUI_ENV, python=COMFYUI_PYTHON),
 )}
 
-NEEDS = {"comfyui": "ComfyUI 0.33.0 and its venv as docs/development.md sets them up (COMFYUI_PATH set; run with "
-                    "that venv's python)",
+NEEDS = {"comfyui": "the ComfyUI tree and venv its command names, as docs/development.md sets them up beside the "
+                    "clone (COMFYUI_PATH set; run with that venv's python)",
          "ray": "the cluster extra: .venv/bin/pip install -e \".[cluster]\"",
          "gpu": "a CUDA GPU (bash bench/gpu_check.sh on the GPU machine, then --import gpu_check DIR here)"}
 

@@ -38,6 +38,12 @@ CASES = [
      ["COMFYUI_PATH=/path/to/ComfyUI is the docs' placeholder"], ()),
     ("route-quality-unset", B + "route_quality", [], {"COMFYUI_PATH": ""}, ["COMFYUI_PATH is not set"], ()),
     ("route-quality-missing", B + "route_quality", [], {"COMFYUI_PATH": "no/such/folder"}, ["does not exist"], ()),
+    ("composition-placeholder", B + "composition", [], {"COMFYUI_PATH": "/path/to/ComfyUI"},
+     ["COMFYUI_PATH=/path/to/ComfyUI is the docs' placeholder"], ()),
+    ("composition-unset", B + "composition", [], {"COMFYUI_PATH": ""}, ["COMFYUI_PATH is not set"], ()),
+    ("composition-not-comfyui", B + "composition", [], {"COMFYUI_PATH": "."}, ["is no ComfyUI folder"], ()),
+    ("composition-family", B + "composition", ["--families", "sd15"], {"COMFYUI_PATH": ""},
+     ["invalid choice: 'sd15'"], ()),
     ("speedup-prediction-placeholder", B + "speedup_prediction", [], {"COMFYUI_PATH": "/path/to/ComfyUI"},
      ["is the docs' placeholder"], ()),
     ("speedup-prediction-not-comfyui", B + "speedup_prediction", [], {"COMFYUI_PATH": "."}, ["is no ComfyUI folder"],
@@ -158,3 +164,29 @@ def test_gpu_check_without_a_gpu_says_so_and_leaves_nothing(tmp_path):
     res = subprocess.run(["bash", os.path.join(REPO, "bench", "gpu_check.sh")], env=env, capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 2 and "cannot import torch" in res.stderr and len(res.stderr.splitlines()) == 1
+
+
+def test_composition_stops_on_another_comfyui_version(tmp_path, monkeypatch, capsys):
+    """bench/runs.py stores a composition result per ComfyUI version: `--comfyui V` on a tree of another version (or
+    of none) ends in one line before any work."""
+    from gcache.bench.cli import run_main
+    from gcache.bench.composition import main
+    tree = tmp_path / "ComfyUI"
+    (tree / "comfy").mkdir(parents=True)
+    (tree / "main.py").write_text("")
+    (tree / "nodes.py").write_text("")
+    monkeypatch.setenv("COMFYUI_PATH", str(tree))
+    said = []
+    for version_file in ('__version__ = "0.3.64"\n', None):
+        if version_file:
+            (tree / "comfyui_version.py").write_text("# generated\n" + version_file)
+        else:
+            (tree / "comfyui_version.py").unlink()
+        try:
+            code = run_main(lambda: main(["--comfyui", "0.33.0"]), "gcache.bench.composition")
+        except SystemExit as e:
+            code = e.code
+        err = capsys.readouterr().err
+        assert code == 2 and len(err.splitlines()) == 1 and "--comfyui 0.33.0" in err, err
+        said.append(err)
+    assert "holds ComfyUI 0.3.64" in said[0] and "of no known version" in said[1]

@@ -11,8 +11,9 @@ COMFYUI_PATH points to (tiny Flux and Wan, 6 steps, the policy 101001 connected 
 What each shows: no error, and distance(GCache + X, plain + X) ≤ 3 × distance(GCache, plain) (relative L2 of the
 final latents, same seed and mask). The factor 3: X itself amplifies the difference GCache's skipped steps make
 (Skip Layer Guidance adds scale × (cond − skipped), both of which GCache approximates); measured on both trees,
-GCache + X stays within 2.13 × of GCache alone. The two node orders run the same blocks per call, so they give
-bit-identical latents (asserted with torch.equal), not merely close ones.
+GCache + X stays well within it (bench/composition.py measures each case: docs/works-with.md). The two node orders
+run the same blocks per call, so they give bit-identical latents (asserted with torch.equal), not merely close ones.
+The nodes and their settings are composition_cases.py's, which the bench applies too.
 """
 import pytest
 
@@ -23,28 +24,15 @@ if not COMFY:
 
 import torch  # noqa: E402
 
-import comfy.sample  # noqa: E402
-import comfy.samplers  # noqa: E402
-import nodes as comfy_nodes  # noqa: E402
-
 import tiny_models as tm  # noqa: E402
+from composition_cases import (LAYERS, MASK, N, SLOT, cfg_node, counting_patch, gcache, guided,  # noqa: E402
+                               ksample, object_patched, rel, slg, with_patch)
 
-from gcache.core.policy import Policy  # noqa: E402
 from gcache.core.profile import Profile  # noqa: E402
-from gcache.nodes.apply_node import GCacheApply  # noqa: E402
 from gcache.nodes.modes import profile as profile_mode  # noqa: E402
 from gcache.nodes.patching import hooks  # noqa: E402
 
-N = 6
-MASK = [1, 0, 1, 0, 0, 1]
-CFG = 3.0
 FACTOR = 3.0
-# Skip Layer Guidance's layers (double, single) for the stack's first, a middle and the last block: tiny Flux has
-# 2 double and 2 single blocks, tiny Wan 3 blocks
-LAYERS = {"flux": {"first": ("0", ""), "middle": ("", "0"), "last": ("", "1")},
-          "wan": {"first": ("0", ""), "middle": ("1", ""), "last": ("2", "")}}
-SLOT = {"flux": {"first": ("double_block", 0), "middle": ("single_block", 0), "last": ("single_block", 1)},
-        "wan": {"first": ("double_block", 0), "middle": ("double_block", 1), "last": ("double_block", 2)}}
 
 
 @pytest.fixture(scope="module")
@@ -57,20 +45,6 @@ def built(tmp_path_factory):
     return out
 
 
-def ksample(model, pos, neg, lat, seed=0):
-    return comfy_nodes.common_ksampler(model, seed, N, CFG, "euler", "simple", pos, neg,
-                                       {"samples": lat})[0]["samples"]
-
-
-def gcache(model):
-    """GCache Apply with the policy connected (not auto)."""
-    return GCacheApply.execute(model, "(auto)", "model device", "remap", policy=Policy(list(MASK))).result[0]
-
-
-def rel(a, b) -> float:
-    return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
-
-
 def within(b, with_gcache, with_x, what):
     """The distance rule, with the figures in the message."""
     d = rel(with_gcache, with_x)
@@ -79,27 +53,7 @@ def within(b, with_gcache, with_x, what):
     return d
 
 
-def third_cond(family, seed=11):
-    """A third conditioning of the family's shape (PerpNeg's empty prompt, DualCFG's second cond)."""
-    g = torch.Generator().manual_seed(seed)
-    if family == "flux":
-        return [[torch.randn(1, 6, 32, generator=g), {"pooled_output": torch.randn(1, 24, generator=g)}]]
-    return [[torch.randn(1, 8, 4096, generator=g), {}]]
-
-
 # ------------------------------------------------------------------------------------------ Skip Layer Guidance
-def slg(node, double, single, start=0.0, end=1.0):
-    from comfy_extras.nodes_slg import SkipLayerGuidanceDiT, SkipLayerGuidanceDiTSimple
-
-    def add(model):
-        if node == "SkipLayerGuidanceDiT":
-            out = SkipLayerGuidanceDiT.execute(model, 3.0, start, end, double_layers=double, single_layers=single)
-        else:
-            out = SkipLayerGuidanceDiTSimple.execute(model, start, end, double_layers=double, single_layers=single)
-        return out.result[0] if hasattr(out, "result") else out[0]
-    return add
-
-
 @pytest.mark.parametrize("where", ["first", "middle", "last"])
 @pytest.mark.parametrize("node", ["SkipLayerGuidanceDiT", "SkipLayerGuidanceDiTSimple"])
 @pytest.mark.parametrize("family", ["flux", "wan"])
@@ -147,23 +101,6 @@ def test_each_call_keeps_its_own_residual(built):
 
 
 # ------------------------------------------------------------------------------------------ guiders and CFG functions
-def guided(family, model, b, kind, seed=0):
-    from comfy_extras.nodes_custom_sampler import Guider_DualCFG
-    from comfy_extras.nodes_perpneg import Guider_PerpNeg
-    if kind == "PerpNegGuider":
-        guider = Guider_PerpNeg(model)
-        guider.set_conds(b["pos"], b["neg"], third_cond(family))
-        guider.set_cfg(CFG, 1.0)
-    else:
-        guider = Guider_DualCFG(model)
-        guider.set_conds(b["pos"], third_cond(family), b["neg"])
-        guider.set_cfg(CFG, 2.0)
-    lat = b["lat"]
-    sigmas = comfy.samplers.calculate_sigmas(model.get_model_object("model_sampling"), "simple", N)
-    return guider.sample(comfy.sample.prepare_noise(lat, seed), lat, comfy.samplers.sampler_object("euler"), sigmas,
-                         seed=seed)
-
-
 @pytest.mark.parametrize("kind", ["PerpNegGuider", "DualCFGGuider"])
 @pytest.mark.parametrize("family", ["flux", "wan"])
 def test_three_cond_guiders(built, family, kind, caplog):
@@ -173,16 +110,6 @@ def test_three_cond_guiders(built, family, kind, caplog):
         out = guided(family, gcache(b["m"]), b, kind)
     assert "computed 3/6 steps, skipped 3" in caplog.text, caplog.text
     within(b, out, with_x, f"{family} {kind}")
-
-
-def cfg_node(kind):
-    def add(model):
-        if kind == "CFGZeroStar":
-            from comfy_extras.nodes_cfg import CFGZeroStar
-            return CFGZeroStar.execute(model).result[0]
-        from comfy_extras.nodes_apg import APG
-        return APG.execute(model, 1.0, 5.0, -0.5).result[0]
-    return add
 
 
 @pytest.mark.parametrize("kind", ["CFGZeroStar", "APG"])
@@ -198,23 +125,6 @@ def test_cfg_functions(built, family, kind):
 
 
 # ------------------------------------------------------------------------------------------ another node's dit patch
-def counting_patch(counter: list, previous=None):
-    """Another node's block patch (a ControlNet-like change of the block's image tokens) that counts its calls;
-    `previous`: the patch it found in the slot, which it calls through (ComfyUI 0.38's core patches do)."""
-    def other_nodes_block(args, extra):
-        counter.append(1)
-        out = previous(args, extra) if previous is not None else extra["original_block"](args)
-        img = out["img"]  # a fixed direction added to every token (a norm layer would undo a scale)
-        return dict(out, img=img + 0.3 * torch.sin(torch.arange(img.shape[-1], dtype=img.dtype, device=img.device)))
-    return other_nodes_block
-
-
-def with_patch(model, key, patch):
-    m = model.clone()
-    m.set_model_patch_replace(patch, "dit", *key)
-    return m
-
-
 @pytest.mark.parametrize("where", ["first", "middle", "last"])
 @pytest.mark.parametrize("family", ["flux", "wan"])
 def test_another_nodes_dit_patch_is_called_in_every_order(built, family, where, caplog):
@@ -261,23 +171,10 @@ def test_a_replaced_object_patched_block_is_never_an_error(where, caplog):
     forward takes GCache's gate off that block for the whole run. No error and no wrong latent: the calls that miss
     GCache's first or last block compute (here every step, as plain + X)."""
     m, pos, neg, lat = tm.lumina2()
-    dm = m.get_model_object("diffusion_model")
-    i = 0 if where == "first" else len(dm.layers) - 1
-    name = f"diffusion_model.layers.{i}.forward"
-    block = dm.layers[i]
-    original = type(block).forward.__get__(block)
     n = []
-
-    def other_nodes_forward(*a, **kw):
-        n.append(1)
-        out = original(*a, **kw)
-        return out + 0.3 * torch.sin(torch.arange(out.shape[-1], dtype=out.dtype, device=out.device))
-
-    plain_x = m.clone()
-    plain_x.add_object_patch(name, other_nodes_forward)
+    plain_x = object_patched(m, where, n)
     with_x = ksample(plain_x, pos, neg, lat)
-    after = gcache(m).clone()
-    after.add_object_patch(name, other_nodes_forward)
+    after = object_patched(gcache(m), where, n)
     with caplog.at_level("INFO", logger="gcache"):
         out = ksample(after, pos, neg, lat)
     assert "another node replaced GCache's patch" in caplog.text
