@@ -111,8 +111,10 @@ def _apply_model(executor, *args, **kwargs):
     run = current_run(config.owner) if config is not None else None
     if run is None:
         return executor(*args, **kwargs)
-    run.begin_call(float(args[1].reshape(-1)[0]), topts)
+    step = run.begin_call(float(args[1].reshape(-1)[0]), topts)
     if config.adapter.route != Route.FALLBACK:
+        if run.selfcheck is not None:  # run 1: one call replayed through the skip path (selfcheck.py)
+            return run.selfcheck.model_call(run, step, executor, args, kwargs)
         return executor(*args, **kwargs)
     # the whole model is the "stack": its input latent is h, its output the stack's output
     return run.gate(args[0], lambda x: executor(x, *args[1:], **kwargs), first=True, last=True)

@@ -89,6 +89,7 @@ class RunState:
         self.names: dict = {}       # cond uuid -> stable branch name for this run (shared by the lanes)
         self.calls = 0              # model calls (a run whose stack was never entered is reported)
         self.disabled: Optional[str] = None  # why this run stopped caching (it then computes every step)
+        self.selfcheck = None       # a run that computes every step: its self-check of the skip path (selfcheck.py)
         self._lanes: dict = {}        # "main", or the device of ComfyUI's MultiGPU CFG split -> lane
         self._by_thread: dict = {}    # thread id -> the lane of its current call
         self._lock = threading.Lock()
