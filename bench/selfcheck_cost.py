@@ -5,13 +5,14 @@ block-stack pass (the target: at most one extra stack pass per stack in the run)
 With COMFYUI_PATH set the runs are GCache Profile runs of ComfyUI's own Flux and Wan 2.1 classes through KSampler
 (tiny random-weight models built as tests/comfyui/tiny_models.py builds them: a checkout is needed); without it, the
 plain-torch Flux/Wan of bench/speed_models.py (random weights; --size real: Flux-dev 1024² and Wan 2.1 1.3B 81 frames
-480p with CFG, for a GPU) through the engine directly, with the same hold and replay. A stack pass is the median time the run's StackClock measured in the block stack per step.
-Prints each pair, then per model: the median extra seconds, the extra in stack passes (median and the quartiles of
-the pairs), the replay's error against its tolerance, and one JSON line.
+480p with CFG, for a GPU) through the engine directly, with the same hold and replay. A stack pass is the median
+time the run's StackClock measured in the block stack per step. Prints each pair, then per model: the median extra
+seconds, the extra in stack passes (median and the quartiles of the pairs), the replay's error against its
+tolerance, and one JSON line.
 
-    python -m gcache.bench.selfcheck_cost                        # tiny sizes, CPU: about 1 minute
-    python -m gcache.bench.selfcheck_cost --size small --reps 7  # CPU, the block stack dominating: about 3 minutes
-    python -m gcache.bench.selfcheck_cost --size real --reps 3  # Flux-dev and Wan 1.3B, bf16 on cuda: ~2 min (H200)
+    python -m gcache.bench.selfcheck_cost                        # tiny sizes, CPU: about 10 seconds
+    python -m gcache.bench.selfcheck_cost --size small --reps 7  # CPU: under 2 minutes (with ComfyUI: under 1)
+    python -m gcache.bench.selfcheck_cost --size real --reps 3   # Flux-dev and Wan 1.3B, bf16, cuda: 2 minutes (H200)
 """
 from __future__ import annotations
 
@@ -40,9 +41,9 @@ def _parser() -> argparse.ArgumentParser:
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=("flux", "wan", "all"), default="all")
     ap.add_argument("--size", choices=SIZES, default="tiny",
-                    help="tiny (default; CPU, about 1 minute), small (the block stack dominates a step; CPU, about 3 "
-                         "minutes) or real (Flux-dev 1024² and Wan 2.1 1.3B 81 frames 480p, plain torch; a GPU, about "
-                         "2 minutes)")
+                    help="tiny (default; CPU, about 10 seconds), small (wider models; CPU, under 2 minutes) or real "
+                         "(Flux-dev 1024² and Wan 2.1 1.3B 81 frames 480p, plain torch; a GPU, about 2 minutes on an "
+                         "H200)")
     ap.add_argument("--steps", type=int, default=8, help="sampler steps of run 1 (at least 3)")
     ap.add_argument("--reps", type=int, default=5, help="pairs of runs (with and without the check), alternating")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda for --size real, else cpu)")

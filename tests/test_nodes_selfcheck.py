@@ -151,8 +151,16 @@ def test_calls_the_replay_cant_make_are_not_checked():
     def slg_skip(args, extra):  # another node's patch in GCache's slot (SLG's skip), defined outside GCache
         return {"img": args["img"]}
     topts = {"patches_replace": {"dit": {("single_block", 1): slg_skip}}}
-    outcome = checked(topts=topts)[2]
-    assert outcome.result == NOT_CHECKED and "another node's block patch" in outcome.why
+    plain, out, outcome, _, _ = checked(topts=topts)
+    assert outcome.result == NOT_CHECKED and "another node's block patch sits in GCache's slot" in outcome.why
+
+
+def test_a_node_that_wraps_gcaches_patch_is_replayed_through():
+    def wrapping(owner):  # a node applied after GCache that wraps its patch (an observer, a ControlNet-like hook)
+        ours = patches(owner)
+        return {k: (lambda args, extra, fn=fn: fn(args, extra)) for k, fn in ours.items()}
+    plain, out, outcome, _, _ = checked(model_patches=wrapping)
+    assert torch.equal(out, plain) and outcome.result == PASS
 
 
 def test_a_replay_that_raises_is_not_checked_and_the_call_keeps_its_output():

@@ -15,7 +15,7 @@ from gcache.core.verdicts import (MAX_RECORDS, VerdictBook, checks_of, failed, m
 
 
 def verdict(result="pass", **kw):
-    v = {"result": result, "why": "" if result == "pass" else "the model's output differs from the computed one",
+    v = {"result": result, "why": "" if result == "pass" else "the skip path's output differs from the computed step's",
          "error": 2e-7 if result == "pass" else 0.61, "tolerance": 5.9e-7, "dtype": "float32", "model": "Flux",
          "key": "ab12cd34", "family": "flux", "comfyui": "0.33.0", "code": "1a2b3c4d", "gcache": "0.1.0",
          "date": "2026-11-27 12:00 UTC"}

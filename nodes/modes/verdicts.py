@@ -30,7 +30,7 @@ from ..patching.selfcheck import RunCheck
 from ..patching.steps import Schedule
 
 log = logging.getLogger("gcache")
-RECORD_FILE = "selfcheck.json"
+RECORD_FILE = artifacts.SELFCHECK_FILE
 REPORT = "https://github.com/gcache-project/gcache/issues"
 FALLBACK_WHY = "the whole-model fallback caches the model's own output, so no block of the model is skipped"
 _CODE: dict = {}
@@ -101,7 +101,7 @@ class Subject:
         if not self.folder:
             return None
         try:
-            return VerdictBook.load(self.path).get(self.fields())
+            return _book(self.path).get(self.fields())
         except GCacheError as e:
             _set_aside(self.path, str(e))
             return None
@@ -114,6 +114,7 @@ class Subject:
                        date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
         if not self.folder:
             return verdict
+        _BOOKS.pop(self.path, None)
         for attempt in (1, 2):
             try:
                 return record(self.path, verdict)
@@ -125,6 +126,22 @@ class Subject:
                           e.strerror or e, artifacts.FOLDER_FIX)
                 break
         return verdict
+
+
+_BOOKS: dict = {}  # path -> ((inode, mtime, size), VerdictBook): every run of a patched model looks its subject up
+
+
+def _book(path: str) -> VerdictBook:
+    """The record file as it is now (read again only when it changed)."""
+    try:
+        st = os.stat(path)
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)  # each write replaces the file (core/files.py)
+    except OSError:
+        return VerdictBook()
+    kept = _BOOKS.get(path)
+    if kept is None or kept[0] != stamp:
+        kept = _BOOKS[path] = (stamp, VerdictBook.load(path))
+    return kept[1]
 
 
 def subject_of(model, adapter: Adapter, folder: str = "", node_id=None) -> Subject:

@@ -5,11 +5,12 @@ hooks.py's APPLY_MODEL wrapper hands every model call of a run with a RunCheck t
 branches runs as usual while the lane's cache holds its block-stack residuals (core/replay.py), and is then called
 again with the stack skipped by those residuals, through the very gate, patches and stream code a skipped step runs.
 The replay's output is compared with the computed one (core/selfcheck.py) and thrown away: the run goes on with the
-computed output, bit for bit. During the replay every GCache block patch counts its calls (each block of
-each pass must go through its patch: a block the model's loop runs by itself runs its original) and the cache counts
-stack entries and exits (one each per computed pass): a patch the model's loop never calls shows there. Calls the replay can't make (ComfyUI's MultiGPU CFG split, another node's
-patch on the stack's first or last block) are "not checked", with the reason; so is a replay that raises anything
-but a broken skip path. Nothing here fails the prompt.
+computed output, bit for bit. During the replay every GCache block patch counts its calls (each block of each pass
+must go through its patch: a block the model's loop runs by itself runs its original) and the cache counts stack
+entries and exits (one each per computed pass): a patch the model's loop never calls shows there. Calls the replay
+can't make (ComfyUI's MultiGPU CFG split) are "not checked", with the reason; so is a replay that raises anything but
+a broken skip path, and one that does not reproduce a call where another node's patch sits in a slot of GCache's
+stack (SLG's skip, a node applied after GCache): the mismatch may be that node's. Nothing here fails the prompt.
 """
 from __future__ import annotations
 
@@ -57,44 +58,58 @@ class RunCheck:
             return executor(*args, **kwargs)
         self.done.add(branches)
         topts = (args[5] if len(args) > 5 else kwargs.get("transformer_options")) or {}
-        why = self._cannot(topts)
-        if why:
-            self.skipped.append(why)
+        if topts.get("multigpu_thread_device") is not None:
+            self.skipped.append("ComfyUI's MultiGPU CFG split runs this call in a thread of its own device")
             return executor(*args, **kwargs)
         cache = ln.cache
         cache.hold()
         try:  # from here on the cache holds this call's residuals: released whatever happens
             out = executor(*args, **kwargs)
             try:
-                self._replay(ln, executor, args, kwargs, out, topts)
+                self._judge(self._replay(ln, executor, args, kwargs, out, topts), self._foreign(topts))
             except Exception as e:  # noqa: BLE001  a fault of the check itself: said, never the prompt's failure
                 self.skipped.append(f"the self-check itself failed ({type(e).__name__}: {e})")
         finally:
             cache.release()
         return out
 
-    def _cannot(self, topts: dict) -> str:
-        """Why this call's replay can't be made (empty: it can)."""
-        if topts.get("multigpu_thread_device") is not None:
-            return "ComfyUI's MultiGPU CFG split runs this call in a thread of its own device"
-        if self.adapter.route == Route.DIT:  # a block of the stack whose patch is another node's (SLG's skip)
-            keys = {st.key for st in self.adapter.stacks}
-            dit = ((topts.get("patches_replace") or {}).get("dit")) or {}
-            for slot, fn in dit.items():
-                key = slot[0] if isinstance(slot, tuple) else slot
-                if key in keys and not str(getattr(fn, "__module__", "")).startswith(PATCHES):
-                    return f"another node's block patch replaced GCache's on the {key} blocks"
+    def _foreign(self, topts: dict) -> str:
+        """Another node's patch in a slot of GCache's stack for this call (SLG's skip, a node applied after GCache
+        that wraps or replaces GCache's patch): what the replay then shows may be that node's doing."""
+        if self.adapter.route != Route.DIT:
+            return ""
+        keys = {st.key for st in self.adapter.stacks}
+        dit = ((topts.get("patches_replace") or {}).get("dit")) or {}
+        for slot, fn in dit.items():
+            key = slot[0] if isinstance(slot, tuple) else slot
+            if key in keys and not str(getattr(fn, "__module__", "")).startswith(PATCHES):
+                return f"another node's block patch sits in GCache's slot on the {key} blocks"
         return ""
 
-    def _replay(self, ln, executor, args, kwargs, out, topts) -> None:
-        """Replays the held call through the skip path and records what it showed. Never raises (an Exception)."""
+    def _judge(self, shown: Optional[tuple], foreign: str) -> None:
+        """What one replayed call showed, (problems, (error, tolerance, dtype) or None), into the run's outcome. With
+        another node's patch in GCache's slots a mismatch is not the model's: that call is not checked."""
+        if shown is None:
+            return
+        problems, measured = shown
+        differs = measured is not None and not measured[0] <= measured[1]
+        if foreign and (problems or differs):
+            self.skipped.append(f"{foreign}, and the replay through it did not reproduce the call")
+            return
+        self.problems += problems
+        if measured is not None:
+            self.errors.append(measured)
+
+    def _replay(self, ln, executor, args, kwargs, out, topts) -> Optional[tuple]:
+        """Replays the held call through the skip path: (problems, (error, tolerance, dtype) or None), or None
+        when it could not be made (said in self.skipped). Never raises an Exception of the model's."""
+        problems: list = []
         count = ln.cache.held_count()  # the computed call's
         if count.held_entries == 0:  # replayed all the same: the blocks' runs are counted, the error measured
-            self.problems.append("GCache's block patches were never called: the model's own loop ran the blocks")
+            problems.append("GCache's block patches were never called: the model's own loop ran the blocks")
         elif count.held == 0:
-            self.problems.append("the block stack was entered but never left through GCache's patches (its last "
-                                 "block's patch was never called)")
-            return
+            return ["the block stack was entered but never left through GCache's patches (its last block's patch "
+                    "was never called)"], None
         dm = getattr(getattr(executor, "class_obj", None), "diffusion_model", None)
         slots = block_slots(self.adapter, dm) if dm is not None else []
         calls = [0]
@@ -105,33 +120,31 @@ class RunCheck:
         try:
             replayed = executor(*rargs, **rkwargs)
         except ReplayBroken as e:
-            self.problems.append(str(e))
-            return
+            return problems + [str(e)], None
         except GCacheError as e:  # the skip path itself refuses this model's stream: a skipped step would fail
-            self.problems.append(f"the skip path failed: {e}")
-            return
+            return problems + [f"the skip path failed: {e}"], None
         except Exception as e:  # noqa: BLE001  the check never fails the prompt: what it can't do, it says
             self.skipped.append(f"the replay raised {type(e).__name__}: {e}")
-            return
+            return None
         finally:
             restore()
             self._timers.append(_stop(timer))
         count = ln.cache.held_count()
         if count.entries != count.held or count.exits != count.held:
-            self.problems.append(f"the replay entered the block stack {count.entries} times and left it {count.exits} "
-                                 f"times; the computed call passed it {count.held} times")
+            problems.append(f"the replay entered the block stack {count.entries} times and left it {count.exits} "
+                            f"times; the computed call passed it {count.held} times")
         expected = len(slots) * max(count.held, 1)
         if slots and calls[0] < expected:  # each block of each pass must go through its patch: the others ran
-            self.problems.append(f"the blocks ran anyway: {expected - calls[0]} of {expected} block calls of the "
-                                 "replay did not go through GCache's patches")
+            problems.append(f"the blocks ran anyway: {expected - calls[0]} of {expected} block calls of the replay "
+                            "did not go through GCache's patches")
         try:
             err, rounding = replay_error(parts(out), parts(replayed), parts(_without_model(executor, args, out)))
         except ValueError as e:
             self.skipped.append(str(e))
-            return
+            return None
         dtype = count.dtype or getattr(dm, "dtype", None)
         dtype = dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
-        self.errors.append((err, tolerance(dtype, rounding), str(dtype).replace("torch.", "")))
+        return problems, (err, tolerance(dtype, rounding), str(dtype).replace("torch.", ""))
 
     # ---------------------------------------------------------------- end of the run
     def outcome(self) -> Outcome:
