@@ -65,7 +65,7 @@ class ApplyConfig(ModeConfig):
                                              forecast_params=params, observers=(StepClock(),)),
                        tracker, self.owner, on_close=finish)
         if self.subject is not None and all(mask[sched.offset:sched.end]):
-            if self.check:
+            if self.check and self.adapter.route != Route.FALLBACK:  # (the fallback has no blocks to check)
                 verdicts.start_check(run, self.subject, self.adapter, sched)
         elif self.subject is not None and self.subject.recorded() is None:
             verdicts.note_unverified(self.subject, pol.provenance)

@@ -14,8 +14,8 @@ from ...core.engine import CacheStats, ResidualCache, format_bytes
 from ...core.errors import GCacheError
 from ...core.io_share import run_summary
 from ...core.profile import Profile, ProfileRecorder
-from ...core.verdicts import checks_of, with_check
 from ...core.step_clock import StackClock, StepClock
+from ...core.verdicts import checks_of, with_check
 from .. import artifacts
 from ..artifacts import FOLDER_FIX, cant_write
 from ..patching.runtime import RunState

@@ -326,6 +326,8 @@ def test_a_connected_profile_recorded_where_the_check_failed_is_not_searched(flu
     ksample(GCacheProfile.execute(m, "other", "model device").result[0], pos, neg, lat)
     prof = Profile.load(str(gcache_dir / "other.profile.safetensors"))
     assert checks_of(prof.meta)[0]["result"] == "pass"
+    made = GCachePolicy.execute(prof, "K", 2.0, 3, "theory", "2, 1, 0.5, 0", "").result[0]
+    assert made.n_computed == 3 and checks_of(made.provenance) == checks_of(prof.meta)  # carried into the policy
     prof.meta["selfcheck"] = [dict(checks_of(prof.meta)[0], result="fail", comfyui="0.3.1")]  # from another tree
     with caplog.at_level("INFO", logger="gcache"):
         searched = GCacheSearch.execute(m, pos, neg, {"samples": lat}, FakeVAE(), 0, 1, N, 1.0, "euler", "simple", 3,
@@ -344,6 +346,10 @@ def test_auto_checks_a_new_comfyui_version_before_it_skips_again(flux, gcache_di
         return out, runs.n
     out, n = auto()  # run 1: profiled and checked
     assert n == N and said(caplog, "GCache self-check passed for Flux (flux) on ComfyUI " + VERSION)
+    made = Policy.load(str(next(p for p in gcache_dir.iterdir() if p.name.endswith("_1.5x.json"))))
+    v = checks_of(made.provenance)  # the policy says where its profile's run was checked
+    assert len(v) == 1 and v[0]["result"] == "pass" and v[0]["comfyui"] == VERSION and v[0]["family"] == "flux"
+    assert 0 <= v[0]["error"] <= v[0]["tolerance"]
     out, n = auto()
     assert n < N  # skipping
     monkeypatch.setattr(verdicts, "comfyui_version", lambda: "9.99.0")  # ComfyUI updated
