@@ -3,7 +3,7 @@
 - The record file (models/gcache/selfcheck.json in ComfyUI): one verdict per model (its weights key), family adapter,
   ComfyUI version (and the model's code) and GCache version. A fail there turns skipping off for that model until one
   of them changes; it is never overwritten by a later pass (no later run checks it again). Written atomically,
-  under a lock; a damaged file raises GCacheError (the caller sets it aside).
+  under a lock; a damaged file raises DamagedRecord (the caller sets it aside).
 - A profile's meta "selfcheck": the verdicts of the runs it holds, one per environment (merged profiles keep both
   sides'; a fail wins over a pass of the same environment).
 - A policy's provenance "selfcheck": the verdicts of the profile it was made from.
@@ -31,6 +31,10 @@ MAX_RECORDS = 1024  # verdicts kept in the record file (the latest); a few hundr
 MAX_IN_META = 16    # verdicts kept in a profile's meta and a policy's provenance
 
 
+class DamagedRecord(GCacheError):
+    """The record file can't be read: the caller sets it aside (a lock that can't be taken is not this)."""
+
+
 def subject_key(v: Mapping) -> str:
     return "|".join(str(v.get(f, "")) for f in SUBJECT)
 
@@ -42,11 +46,11 @@ def valid(v) -> bool:
     if not all(isinstance(v.get(f, ""), str) for f in TEXT):
         return False
     return all(v.get(f) is None or (isinstance(v[f], (int, float)) and not isinstance(v[f], bool)
-                                    and (math.isfinite(v[f]) or v[f] == math.inf) and v[f] >= 0) for f in NUMBERS)
+                                    and math.isfinite(v[f]) and v[f] >= 0) for f in NUMBERS)
 
 
 def clean(v: Mapping) -> dict:
-    """The verdict's fields only, JSON-safe (an infinite error is written as a string-free large number)."""
+    """The verdict's fields only, JSON-safe (an infinite error, a replay that gave NaN/Inf, is written as 1e300)."""
     out = {f: str(v.get(f, "") or "") for f in TEXT}
     for f in NUMBERS:
         x = v.get(f)
@@ -85,14 +89,14 @@ class VerdictBook:
         try:
             d = json.loads(text)
         except (json.JSONDecodeError, RecursionError) as e:
-            raise GCacheError(f"{source} is not valid JSON ({e})") from None
+            raise DamagedRecord(f"{source} is not valid JSON ({e})") from None
         if not isinstance(d, dict) or d.get("format") != RECORD_FORMAT:
-            raise GCacheError(f"{source} is not GCache's self-check record (no 'format': '{RECORD_FORMAT}')")
+            raise DamagedRecord(f"{source} is not GCache's self-check record (no 'format': '{RECORD_FORMAT}')")
         if d.get("version") != RECORD_VERSION:
-            raise GCacheError(f"{source} has record version {d.get('version')!r}; this GCache reads {RECORD_VERSION}")
+            raise DamagedRecord(f"{source} has record version {d.get('version')!r}; this GCache reads {RECORD_VERSION}")
         items = d.get("verdicts")
         if not isinstance(items, list) or not all(valid(v) for v in items):
-            raise GCacheError(f"{source} holds a verdict GCache did not write (edited or damaged)")
+            raise DamagedRecord(f"{source} holds a verdict GCache did not write (edited or damaged)")
         book = cls()
         for v in items:
             book.verdicts[subject_key(v)] = clean(v)
@@ -100,21 +104,22 @@ class VerdictBook:
 
     @classmethod
     def load(cls, path: str) -> "VerdictBook":
-        """The record file (an empty book when there is none); GCacheError when it can't be read."""
+        """The record file (an empty book when there is none); DamagedRecord when it can't be read."""
         if not os.path.isfile(path):
             return cls()
         try:
             with open(path, "r", encoding="utf-8") as f:
                 text = f.read()
         except UnicodeDecodeError:
-            raise GCacheError(f"{os.path.basename(path)} is not a text file") from None
+            raise DamagedRecord(f"{os.path.basename(path)} is not a text file") from None
         return cls.from_json(text, os.path.basename(path))
 
 
 def record(path: str, verdict: Mapping, lock_timeout_s: float = 30.0) -> dict:
     """Adds `verdict` to the record file at `path` (created if missing): read, changed and written atomically under
     a lock, so that two ComfyUI processes on one models folder both land. Returns the verdict kept for its subject.
-    GCacheError when the file is damaged (nothing written), OSError when it can't be written."""
+    DamagedRecord when the file is damaged (nothing written), GCacheError when its lock can't be taken, OSError when
+    it can't be written."""
     with exclusive(path, lock_timeout_s):
         book = VerdictBook.load(path)
         kept = book.put(verdict)

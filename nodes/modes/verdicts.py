@@ -21,7 +21,7 @@ from typing import Optional
 from ... import __version__ as GCACHE_VERSION
 from ...core.errors import GCacheError
 from ...core.selfcheck import FAIL, PASS, Outcome
-from ...core.verdicts import VerdictBook, checks_of, record
+from ...core.verdicts import DamagedRecord, VerdictBook, checks_of, record
 from .. import artifacts
 from ..patching.adapters import FALLBACK, Adapter, Route
 from ..patching.content_hash import model_key
@@ -102,7 +102,7 @@ class Subject:
             return None
         try:
             return _book(self.path).get(self.fields())
-        except GCacheError as e:
+        except DamagedRecord as e:
             _set_aside(self.path, str(e))
             return None
 
@@ -118,9 +118,12 @@ class Subject:
         for attempt in (1, 2):
             try:
                 return record(self.path, verdict)
-            except GCacheError as e:  # damaged: set aside, then a new file
+            except DamagedRecord as e:  # set aside, then a new file
                 if attempt == 2 or not _set_aside(self.path, str(e)):
                     break
+            except GCacheError as e:  # its lock: another process held it too long, or a folder without locks
+                log.error("GCache self-check: the verdict was not recorded (%s).", e)
+                break
             except OSError as e:
                 log.error("GCache self-check: could not record the verdict in %s (%s); %s", RECORD_FILE,
                           e.strerror or e, artifacts.FOLDER_FIX)
@@ -178,11 +181,15 @@ def start_check(run: RunState, subject: Subject, adapter: Adapter, sched: Schedu
     def close(run: RunState, stats, ok: bool):
         if not ok:
             return
-        seconds = check.replay_seconds()
-        if seconds and check.step in stats.step_seconds:
-            stats.record_seconds[check.step] = stats.record_seconds.get(check.step, 0.0) + seconds
-        check.verdict = subject.record(check.outcome())
-        say(check.verdict, subject)
+        try:  # after sampling: whatever goes wrong here is said, the image is kept
+            seconds = check.replay_seconds()
+            if seconds and check.step in stats.step_seconds:
+                stats.record_seconds[check.step] = stats.record_seconds.get(check.step, 0.0) + seconds
+            check.verdict = subject.record(check.outcome())
+            say(check.verdict, subject)
+        except Exception as e:  # noqa: BLE001  a fault of the check itself never fails the prompt
+            log.error("GCache self-check: could not conclude for %s (%s: %s); nothing was recorded.", subject.where(),
+                      type(e).__name__, e)
 
     run.on_close.insert(0, close)
     return check

@@ -14,7 +14,6 @@ stack (SLG's skip, a node applied after GCache): the mismatch may be that node's
 """
 from __future__ import annotations
 
-import logging
 import time
 from typing import Optional
 
@@ -25,7 +24,6 @@ from ...core.replay import ReplayBroken
 from ...core.selfcheck import Outcome, conclude, replay_error, tolerance
 from .adapters import Adapter, Route, block_slots
 
-log = logging.getLogger("gcache")
 PATCHES = __name__.rsplit(".", 1)[0]  # the package of GCache's block patches (runtime.py): "ours" in patches_replace
 
 
@@ -179,9 +177,9 @@ def _without_model(executor, args: tuple, out):
 
 
 def _count_patch_calls(adapter: Adapter, dm, slots: list, args: tuple, kwargs: dict, topts: dict, calls: list):
-    """The replay's (args, kwargs, restore) with every GCache block patch counting its calls into calls[0] (dit patches: in a copy
-    of the call's transformer_options; object-patched forwards: wrapped on the blocks until `restore()`). A block
-    the model's loop runs without its patch runs its original: the count comes up short."""
+    """The replay's (args, kwargs, restore) with every GCache block patch counting its calls into calls[0] (dit
+    patches: in a copy of the call's transformer_options; object-patched forwards: wrapped on the blocks until
+    `restore()`). A block the model's loop runs without its patch runs its original: the count comes up short."""
     def counting(fn):
         def counted(*a, **kw):
             calls[0] += 1
