@@ -14,12 +14,13 @@ happens when an exception escapes the blocks.
 
 The engine only skips: what a run records (ProfileRecorder) and times (StepClock, StackClock) are observers it is
 given (observer.py says why, and when each is told what). mask=None computes every step and keeps nothing: a profile
-run, whose observers do the work.
+run, whose observers do the work. A self-check replays one call of such a run through the skip path (`hold`,
+`replay`, `release`; replay.py), unseen by the statistics and the observers.
 
 `alloc_context` (a zero-argument callable returning a context manager; none by default) is where every tensor that
-outlives the stack entry is made: δ snapshots and stored residuals, and whatever the observers keep from δ. A host
-whose allocator records each block's allocations and expects them gone by the block's end (ComfyUI's memory
-compiler, 0.34+) fills it with its pause; the engine itself never imports the host.
+outlives the stack entry is made: δ snapshots and stored residuals, what the observers keep from δ and the δ held
+for a self-check's replay. A host whose allocator records each block's allocations and expects them gone by the
+block's end (ComfyUI's memory compiler, 0.34+) fills it with its pause; the engine itself never imports the host.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from . import forecasters
 from .errors import GCacheError
 from .io_share import IoShare, step_shares
 from .observer import EngineObserver, hooks
+from .replay import HeldCall, ReplayCount
 
 log = logging.getLogger("gcache")
 
@@ -160,6 +162,7 @@ class ResidualCache:
         self._deltas: dict[Hashable, list[tuple[Optional[int], torch.Tensor]]] = {}  # key -> kept (step, δ), latest last
         self._meta: dict[Hashable, tuple] = {}
         self._pending: Optional[tuple] = None
+        self._held: Optional[HeldCall] = None  # a self-check's held call (replay.py), between hold() and release()
         self.closed = False
 
     # ------------------------------------------------------------------ step attribution
@@ -196,6 +199,11 @@ class ResidualCache:
         if self.closed:
             raise RuntimeError("ResidualCache used after close(): create a new one per sampling run.")
         keys, chunks = self._split_keys(h, branches)
+        if self._held is not None:
+            if self._held.replaying:  # a self-check's replay: skip with the held δ, seen by nothing else
+                self._held.enter(h, keys, chunks)
+                return False
+            self._held.entered()
         step = self.step
         if step is not None:  # a call without a step is neither recorded nor timed
             for hook in self._on_enter:
@@ -224,7 +232,8 @@ class ResidualCache:
         # `x +=`, Chroma `addcmul_`). Snapshot it (one tensor per branch), but only on steps whose δ is kept or
         # read by an observer; each snapshot then becomes its branch's stored δ (subtracted into in place), and it
         # is written into the δ this step evicts when there is one, so it costs one copy of h and no memory.
-        keep = compute and ((self._on_residual and step is not None) or self._must_store(step, forced))
+        keep = compute and ((self._on_residual and step is not None) or self._must_store(step, forced)
+                            or self._held is not None)
         snaps = None
         if keep:
             with self.alloc_context():  # the snapshots outlive the stack entry (they become the stored δ)
@@ -239,7 +248,7 @@ class ResidualCache:
         """A copy of h: into the storage of the branch's oldest kept δ when this step's δ evicts it (same
         layout), else a new tensor. Peak memory then stays one δ per kept slot, also while the blocks run."""
         kept = self._deltas.get(key)
-        if kept and len(kept) == self.forecaster.keeps and self._meta.get(key) == meta:
+        if kept and len(kept) == self.forecaster.keeps and self._meta.get(key) == meta and self._held is None:
             old = kept[0][1]
             if (old.device, old.dtype, old.shape, old.stride()) == (h.device, h.dtype, h.shape, h.stride()):
                 if len(kept) > 1:
@@ -250,6 +259,8 @@ class ResidualCache:
         return h.clone()
 
     def exit(self, z: Optional[torch.Tensor]) -> torch.Tensor:
+        if self._held is not None and self._held.replaying:
+            return self._held.exit()
         if self._pending is None:
             raise RuntimeError("ResidualCache.exit() without enter().")
         h, snaps, keys, chunks, compute, forced, meta = self._pending
@@ -267,7 +278,8 @@ class ResidualCache:
             if snaps is not None:
                 readers = self._on_residual if step is not None else ()
                 store = self._must_store(step, forced)
-                with self.alloc_context():  # what the observers and the store keep outlives the stack entry
+                held = []
+                with self.alloc_context():  # what the observers, the store and a held replay keep outlives the entry
                     for k, zp, hp in zip(keys, z.chunk(chunks, 0) if chunks > 1 else (z,), snaps):
                         # an observer also reads h; otherwise δ overwrites the snapshot (it is ours alone)
                         d = zp - hp if readers else torch.sub(zp, hp, out=hp)
@@ -275,6 +287,9 @@ class ResidualCache:
                             hook(step, k, hp, d)
                         if store:
                             self._store(k, step, d, meta)
+                        held.append(d)
+                if self._held is not None:
+                    self._held.keep(keys, chunks, held)
             if step is not None:
                 for hook in self._on_exit:
                     hook(step)
@@ -311,6 +326,30 @@ class ResidualCache:
     def abort(self) -> None:
         """Forget a stack entered but never left (its blocks raised): no half-entered state, no snapshot held."""
         self._pending = None
+        if self._held is not None:
+            self._held.abort()
+
+    # ------------------------------------------------------------------ the self-check's replay (replay.py)
+    def hold(self) -> None:
+        """Keep the δ of every block-stack pass until release(), whatever the mask: the call about to run is
+        replayed through the skip path. What the statistics and the observers see does not change."""
+        self._held = HeldCall()  # (a stack entered and never left before stays pending: the next entry replaces it)
+
+    def replay(self) -> None:
+        """From now on each stack entry skips with the held δ of the computed pass of the same order (no statistics,
+        no observer, no stored δ touched) and its exit returns h + δ, until release()."""
+        if self._held is None:
+            raise RuntimeError("ResidualCache.replay() without hold().")
+        self._held.replaying = True
+
+    def held_count(self) -> ReplayCount:
+        """What the held call (and its replay) counted so far."""
+        return self._held.count if self._held is not None else ReplayCount()
+
+    def release(self) -> ReplayCount:
+        """End a held call (and its replay): its tensors are dropped; returns what it counted."""
+        held, self._held = self._held, None
+        return held.count if held is not None else ReplayCount()
 
     # ------------------------------------------------------------------ storage
     def _split_keys(self, h: torch.Tensor, branches: Sequence[Hashable]):
@@ -347,6 +386,7 @@ class ResidualCache:
                 o.on_close(self.stats)
         self.reset()
         self._pending = None
+        self._held = None
         self.closed = True
         return self.stats
 

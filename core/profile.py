@@ -31,6 +31,7 @@ from .errors import GCacheError
 from .files import atomic_write_bytes
 from .fit_stats import FitStats
 from .io_share import IoShare, check_meta as check_io_meta, merged_runs
+from .verdicts import merged_checks
 
 log = logging.getLogger("gcache")
 
@@ -210,6 +211,9 @@ class Profile:
         dtypes = {d for m in (self.meta, other.meta) for d in str(m.get("residual_dtype", "")).split(",") if d}
         if dtypes:
             meta["residual_dtype"] = ",".join(sorted(dtypes))
+        checks = merged_checks(self.meta, other.meta)  # the self-check's verdicts: both sides' (a fail wins)
+        if checks:
+            meta["selfcheck"] = checks
         io_runs = merged_runs(self.meta, other.meta)  # timed runs: concatenated (an old total counts as one)
         meta.pop("io_time", None)
         if io_runs:

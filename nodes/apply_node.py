@@ -9,6 +9,7 @@ from . import artifacts
 from . import comfy_common as cc
 from .modes.apply import apply_config
 from .modes.auto import auto_config
+from .modes import verdicts
 from .modes.base import CACHE_DEVICES, STEP_MISMATCH
 from .patching import companions, hooks
 
@@ -67,16 +68,21 @@ class GCacheApply(io.ComfyNode):
         cc.check_choice("step_mismatch", step_mismatch, STEP_MISMATCH)
         cc.check_choice("forecast", forecast, ["policy's"] + list(cc.FORECAST))
         device = CACHE_DEVICES[cache_device]
+        hidden = getattr(cls, "hidden", None)
+        node_id = getattr(hidden, "unique_id", None)
         if policy is None and policy_json and policy_json.strip():
             policy = Policy.from_json(policy_json, source="policy_json")
         if policy is None and policy_file in (cc.AUTO, cc.NO_FILE):
             config = auto_config(model, cc.folder(), auto_speedup, on_mismatch=step_mismatch, cache_device=device,
-                                 forecast=cc.FORECAST.get(forecast))
+                                 forecast=cc.FORECAST.get(forecast), node_id=node_id)
         else:
             if policy is None:
                 policy = artifacts.read_policy(cc.find_file(policy_file))
             config = apply_config(model, policy, on_mismatch=step_mismatch, cache_device=device,
-                                  forecast=cc.FORECAST.get(forecast))
-        hidden = getattr(cls, "hidden", None)  # TorchCompileModel / EasyCache after this node: refused here
-        companions.check_prompt(getattr(hidden, "prompt", None), getattr(hidden, "unique_id", None), "GCache Apply")
+                                  forecast=cc.FORECAST.get(forecast), folder=cc.folder(), node_id=node_id)
+        failed = verdicts.recorded_fail(config.subject)  # shown now: sampling says it again when it runs
+        if failed is not None:
+            verdicts.show(config.subject.node_id, f"GCache Apply: {verdicts.refusal(failed, config.subject)}.")
+        # TorchCompileModel / EasyCache after this node: refused here
+        companions.check_prompt(getattr(hidden, "prompt", None), node_id, "GCache Apply")
         return io.NodeOutput(hooks.patch_model(model, config, "GCache Apply"))

@@ -3,6 +3,7 @@
     <name>.profile.safetensors   accumulated Profile
     <name>.json                  Policy
     <name>.search.json           search state beside its policy (resume after interrupt/crash)
+    selfcheck.json               the self-check's verdicts (core/verdicts.py; set aside as selfcheck.damaged-<n>.json)
     auto_<model>-<key>_<N>steps_<scheduler>[_<speed-up>x]   GCache Apply (auto)'s own (AutoName)
 Names go through core.files.safe_name; nothing here ever unpickles. Whether a folder can take them (cant_write) is
 here too: the modes and GCache Search find an unwritable folder before any sampling.
@@ -22,6 +23,7 @@ from ..core.profile import Profile
 PROFILE_SUFFIX = ".profile.safetensors"
 POLICY_SUFFIX = ".json"
 STATE_SUFFIX = ".search.json"
+SELFCHECK_FILE = "selfcheck.json"  # not a policy: never in GCache Apply's list (nor what is set aside of it)
 # what a user can do about a gcache folder GCache can't write in
 FOLDER_FIX = ("make it writable for the user ComfyUI runs as, or give a writable folder as `gcache` in "
               "extra_model_paths.yaml (with is_default: true, so that GCache writes there)")
@@ -47,7 +49,8 @@ def state_path(folder: str, name: str) -> str:
 
 def list_policies(files: list[str]) -> list[str]:
     """Policy files among a folder's file names (search states are not policies)."""
-    return sorted(f for f in files if f.endswith(POLICY_SUFFIX) and not f.endswith(STATE_SUFFIX))
+    return sorted(f for f in files if f.endswith(POLICY_SUFFIX) and not f.endswith(STATE_SUFFIX)
+                  and f != SELFCHECK_FILE and not f.startswith(SELFCHECK_FILE[:-len(POLICY_SUFFIX)] + "."))
 
 
 def list_profiles(files: list[str]) -> list[str]:

@@ -9,12 +9,14 @@ from comfy_api.latest import io
 
 from ..core.errors import GCacheError
 from ..core.files import safe_name
-from ..core.policy import check_budget, few_computed, k_for_speedup, out_of_reach
+from ..core.policy import Policy, check_budget, few_computed, k_for_speedup, out_of_reach
+from ..core.verdicts import checks_of, failed, stamp
 from ..search.error_models import DEFAULT as DEFAULT_ERROR_MODEL, ERROR_MODELS
 from ..search.instant import METHODS, instant_policy, propagation_weights
 from ..search.plots import plot_policy
 from . import artifacts
 from . import comfy_common as cc
+from .modes.verdicts import describe
 
 log = logging.getLogger("gcache")
 BUDGETS = ("speed-up", "K")
@@ -39,6 +41,29 @@ def budget_k(profile, budget: str, k: int, speedup: float) -> int:
     if why:
         log.warning("GCache Policy: %s; using K = 1.", why)
     return k_for_speedup(profile.n_steps, speedup, profile.io_share)
+
+
+def _save(policy, path) -> None:
+    if path:
+        try:
+            policy.save(path)
+        except OSError as e:  # the folder changed since the check above (or a full disk)
+            raise GCacheError(f"GCache Policy could not save {os.path.basename(path)} ({e.strerror or e}): "
+                              "empty save_name to use the policy without saving it.") from None
+        log.info("GCache Policy: saved %s", os.path.basename(path))
+
+
+def _every_step(profile, bad: dict, path, weights) -> io.NodeOutput:
+    """The policy of a profile recorded where GCache's self-check failed: every step computed, and why."""
+    why = (f"the profile was recorded where GCache's self-check failed ({bad['model']} ({bad['family']}) on ComfyUI "
+           f"{bad['comfyui']}, GCache {bad['gcache']}: {describe(bad)}), so its residuals may be of the wrong tokens")
+    log.warning("GCache Policy: %s; the policy computes every step. Profile again (under a new name) where the check "
+                "passes.", why)
+    policy = Policy.all_ones(profile.n_steps, times=[float(t) for t in profile.times],
+                             sigmas=[float(v) for v in profile.sigmas], provenance={"selfcheck": checks_of(profile.meta)})
+    _save(policy, path)
+    image = plot_policy(policy, weights, "GCache Policy: every step computed (the profile's self-check failed)")
+    return io.NodeOutput(policy, cc.pil_to_image(image))
 
 
 class GCachePolicy(io.ComfyNode):
@@ -93,24 +118,22 @@ class GCachePolicy(io.ComfyNode):
             raise GCacheError(f"GCache Policy can't save {os.path.basename(path)}: {blocked}. To fix it, "
                               f"{artifacts.FOLDER_FIX}; or empty save_name to use the policy without saving it.")
         t0 = time.perf_counter()
+        s = parse_s(bernstein_s) if method == "bernstein" else None
+        bad = failed(checks_of(profile.meta))
+        if bad is not None:  # its residuals may be of the wrong tokens: no policy from it skips
+            return _every_step(profile, bad, path, propagation_weights(profile, method, s))
         kk = budget_k(profile, budget, k, speedup)
         note = few_computed(profile.n_steps, kk)
         if note:
             log.warning("GCache Policy: %s.", note)
-        s = parse_s(bernstein_s) if method == "bernstein" else None
         policy = instant_policy(profile, kk, method, s, forecast=cc.FORECAST[forecast], error_model=error_model)
+        stamp(policy.provenance, profile.meta)  # how the profile's runs were self-checked
         share = profile.io  # the io share the profile measured, with its range
         policy.metrics.update(share.metrics(profile.n_steps, kk))
         ms = (time.perf_counter() - t0) * 1e3
         log.info("GCache Policy: %s (%s), K = %d of %d, %s (%s), %.1f ms: %s", method, error_model, kk,
                  profile.n_steps, share.describe_speedup(profile.n_steps, kk), share.describe(), ms, policy.describe())
-        if path:
-            try:
-                policy.save(path)
-            except OSError as e:  # the folder changed since the check above (or a full disk)
-                raise GCacheError(f"GCache Policy could not save {os.path.basename(path)} ({e.strerror or e}): "
-                                  "empty save_name to use the policy without saving it.") from None
-            log.info("GCache Policy: saved %s", os.path.basename(path))
+        _save(policy, path)
         image = plot_policy(policy, propagation_weights(profile, method, s),
                             f"w_j per step ({method}), K = {kk} of {profile.n_steps}, predicted "
                             f"{share.speedup_text(profile.n_steps, kk)}")

@@ -8,6 +8,7 @@ from comfy_api.latest import io
 
 from ..core.errors import GCacheError
 from ..core.profile import Profile
+from ..core.verdicts import checks_of, failed
 from ..search.plots import plot_profile
 from . import artifacts
 from . import comfy_common as cc
@@ -58,9 +59,10 @@ class GCacheProfile(io.ComfyNode):
         cc.check_choice("history_device", history_device, list(CACHE_DEVICES))
         path = artifacts.profile_path(cc.folder(), profile_name)
         # a damaged profile file stops the prompt here, before any sampling (not after it, losing the image)
-        config = profile_config(model, path, history_device=CACHE_DEVICES[history_device],
-                                forecast=bool(record_forecast))
         hidden = getattr(cls, "hidden", None)  # TorchCompileModel / EasyCache after this node: refused here
+        config = profile_config(model, path, history_device=CACHE_DEVICES[history_device],
+                                forecast=bool(record_forecast), folder=cc.folder(),
+                                node_id=getattr(hidden, "unique_id", None))
         companions.check_prompt(getattr(hidden, "prompt", None), getattr(hidden, "unique_id", None), "GCache Profile")
         return io.NodeOutput(hooks.patch_model(model, config, "GCache Profile"))
 
@@ -92,4 +94,10 @@ class GCacheLoadProfile(io.ComfyNode):
         if prof.defect:  # shown, but GCache Policy and GCache Search refuse it
             log.warning("GCache Load Profile: %s: %s GCache Policy and GCache Search refuse it: profile again.",
                         profile, prof.defect)
+        bad = failed(checks_of(prof.meta))
+        if bad is not None:  # shown, but no policy made from it skips
+            log.warning("GCache Load Profile: %s was recorded where GCache's self-check failed (%s (%s) on ComfyUI "
+                        "%s): GCache Policy makes only policies that compute every step from it, and GCache Search "
+                        "searches nothing. Profile again where the check passes.", profile, bad["model"],
+                        bad["family"], bad["comfyui"])
         return io.NodeOutput(prof, cc.pil_to_image(plot_profile(prof)))

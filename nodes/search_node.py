@@ -14,15 +14,17 @@ from comfy_api.latest import io
 from ..core import forecasters
 from ..core.errors import GCacheError
 from ..core.files import safe_name
+from ..core.policy import Policy
 from ..search.bilevel import SearchInterrupted
 from ..search.config import SearchConfig
 from ..search.starts import start_count
 from ..search.objectives import OBJECTIVES, make_objective
-from ..search.plots import plot_search
+from ..search.plots import plot_policy, plot_search
 from ..search.requirements import require, search_modules
 from . import comfy_common as cc
 from .search_jobs import background
-from .search_jobs.job import SearchJob, run_slice
+from .modes import verdicts
+from .search_jobs.job import NothingToSearch, SearchJob, run_slice
 
 log = logging.getLogger("gcache")
 MODES = ("background", "foreground")
@@ -114,19 +116,41 @@ class GCacheSearch(io.ComfyNode):
         job.check_profile()  # before the reference runs
         hidden = getattr(cls, "hidden", None)
         prompt, node_id = getattr(hidden, "prompt", None), getattr(hidden, "unique_id", None)
+        job.node_id = node_id
         slice_of = background.marker(prompt, node_id)
-        try:
-            job.check_files()  # an unwritable folder, a damaged state file or another search's: before any sampling
-        except GCacheError as e:
-            bg = background.JOBS.get(slice_of) if slice_of is not None else None
-            if bg is not None and bg.mode == "background" and bg.status in ("queued", "running"):
-                background.JOBS.update(bg, status="failed", message=str(e), refs=None)  # the tab says why it ended
-            raise
-        if slice_of is not None:
-            return _slice(job, slice_of, slice_seconds)
-        if mode == "background" and prompt is not None and node_id is not None:
-            return _start(job, prompt, node_id, slice_seconds)
-        return _foreground(job, node_id)
+        try:  # a model whose self-check failed, recorded before or found by the reference runs: nothing searched
+            job.check_selfcheck()
+            return _dispatch(job, prompt, node_id, slice_of, mode, slice_seconds)
+        except NothingToSearch as e:
+            return _nothing(job, str(e), slice_of)
+
+
+def _dispatch(job: SearchJob, prompt, node_id, slice_of, mode: str, slice_seconds: int) -> io.NodeOutput:
+    """The search this queue asks for: a background slice, a background start, or the foreground search."""
+    try:
+        job.check_files()  # an unwritable folder, a damaged state file or another search's: before any sampling
+    except GCacheError as e:
+        bg = background.JOBS.get(slice_of) if slice_of is not None else None
+        if bg is not None and bg.mode == "background" and bg.status in ("queued", "running"):
+            background.JOBS.update(bg, status="failed", message=str(e), refs=None)  # the tab says why it ended
+        raise
+    if slice_of is not None:
+        return _slice(job, slice_of, slice_seconds)
+    if mode == "background" and prompt is not None and node_id is not None:
+        return _start(job, prompt, node_id, slice_seconds)
+    return _foreground(job, node_id)
+
+
+def _nothing(job: SearchJob, why: str, slice_of=None) -> io.NodeOutput:
+    """No search on a model whose self-check failed: a policy that computes every step (not saved), and why."""
+    log.warning("%s.", why)
+    verdicts.show(job.node_id or "", why)
+    for bg in (background.JOBS.get(slice_of) if slice_of is not None else None, background.JOBS.get(job.name)):
+        if bg is not None and bg.status in ("queued", "running"):
+            background.JOBS.update(bg, status="failed", message=why, refs=None)  # the tab says why it ended
+    policy = Policy.all_ones(job.steps, provenance={"search": "nothing searched: GCache's self-check failed"})
+    image = plot_policy(policy, [1.0] * job.steps, f"GCache Search {job.name}: nothing searched (self-check failed)")
+    return io.NodeOutput(policy, cc.pil_to_image(image))
 
 
 def _finished(job: SearchJob) -> io.NodeOutput:

@@ -18,8 +18,9 @@ def test_paths_and_unsafe_names(tmp_path):
 
 
 def test_lists_separate_policies_states_and_profiles():
-    names = ["a.json", "a.search.json", "b.profile.safetensors", "a.search.profile.safetensors", "c.txt"]
-    assert files.list_policies(names) == ["a.json"]
+    names = ["a.json", "a.search.json", "b.profile.safetensors", "a.search.profile.safetensors", "c.txt",
+             "selfcheck.json", "selfcheck.damaged-1.json", "selfchecked.json"]
+    assert files.list_policies(names) == ["a.json", "selfchecked.json"]  # the self-check's record is no policy
     assert files.list_profiles(names) == ["a.search", "b"]
 
 

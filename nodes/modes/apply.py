@@ -1,4 +1,10 @@
-"""GCache Apply's mode: sample under a policy (skip the block stack on its reuse steps). Imports ComfyUI (base.py)."""
+"""GCache Apply's mode: sample under a policy (skip the block stack on its reuse steps). Imports ComfyUI (base.py).
+
+A model whose self-check failed on this ComfyUI (verdicts.py) is never skipped: the run computes every step, with
+none of GCache's patches doing anything, and says why. A policy that computes every step may carry the self-check
+itself (`check`: GCache Apply (auto)'s first run on a ComfyUI that has not checked this model yet, GCache Search's
+reference runs).
+"""
 from __future__ import annotations
 
 import logging
@@ -13,6 +19,7 @@ from ...core.step_clock import StepClock
 from ..patching.adapters import Route
 from ..patching.runtime import RunState
 from ..patching.steps import place_policy
+from . import verdicts
 from .base import ModeConfig, check_step_mismatch, where_run
 
 log = logging.getLogger("gcache")
@@ -24,10 +31,14 @@ class ApplyConfig(ModeConfig):
     on_mismatch: str = "remap"       # "remap" | "error"
     cache_device: Optional[str] = None  # None: the model's device; "cpu"
     forecast: Optional[str] = None   # None: the policy's forecaster; a forecaster's name overrides it
+    check: bool = False              # self-check the skip path when the policy computes every step
 
     def begin(self, patcher, run_sigmas: list[float], sample_key: Callable[[], str]) -> RunState:
         pol = self.policy
         sched, times, tracker = where_run(patcher, run_sigmas, pol.sigmas, lambda s: pol.n_steps == s.n_run)
+        failed = verdicts.recorded_fail(self.subject)
+        if failed is not None:
+            return self._refused(failed, sched, tracker)
         placement = place_policy(pol, sched, times, self.on_mismatch)
         fc = forecasters.get(pol.forecast if self.forecast is None else self.forecast)
         params = pol.forecast_params if fc.name == pol.forecast and placement.mask == pol.mask else {}
@@ -50,14 +61,36 @@ class ApplyConfig(ModeConfig):
 
         # forecasting in the model's normalized time of the global schedule (t = σ for flow models); a clock per
         # lane times its steps (the measured speed-up of the log line)
-        return RunState(lambda: ResidualCache(mask, cache_device=cache_device, forecast=fc, times=times,
-                                              forecast_params=params, observers=(StepClock(),)),
-                        tracker, self.owner, on_close=finish, may_skip=0 in mask)
+        run = RunState(lambda: ResidualCache(mask, cache_device=cache_device, forecast=fc, times=times,
+                                             forecast_params=params, observers=(StepClock(),)),
+                       tracker, self.owner, on_close=finish)
+        if self.subject is not None and all(mask[sched.offset:sched.end]):
+            if self.check and self.adapter.route != Route.FALLBACK:  # (the fallback has no blocks to check)
+                verdicts.start_check(run, self.subject, self.adapter, sched)
+        elif self.subject is not None and self.subject.recorded() is None:
+            verdicts.note_unverified(self.subject, pol.provenance)
+        return run
+
+    def _refused(self, failed: dict, sched, tracker) -> RunState:
+        """A run of a model whose self-check failed: every step computed, GCache's patches pass every call on."""
+        why = verdicts.refusal(failed, self.subject)
+        log.warning("GCache Apply: %s.", why)
+        verdicts.show(self.subject.node_id, f"GCache Apply: {why}.")
+
+        def finish(run: RunState, stats: CacheStats, ok: bool):
+            log.info("GCache: computed every step (skipping is off: the self-check failed) [%s, %s]%s",
+                     self.model_name, sched.where(), "" if ok else " (sampling did not finish)")
+
+        run = RunState(lambda: ResidualCache(None), tracker, self.owner, on_close=finish, may_skip=False)
+        run.disabled = "its self-check failed"  # set, not run.disable(): its error line is for faults found now
+        return run
 
 
 def apply_config(model, policy: Policy, on_mismatch: str = "remap", cache_device: Optional[str] = None,
-                 forecast: Optional[int] = None) -> ApplyConfig:
+                 forecast: Optional[int] = None, folder: str = "", node_id=None, check: bool = False) -> ApplyConfig:
+    """folder: where the self-check's verdicts are kept ("": none read, none kept); node_id: the node that shows
+    them; check: self-check a policy that computes every step."""
     check_step_mismatch(on_mismatch)
-    return ApplyConfig(**ModeConfig.describe(model.get_model_object("diffusion_model")), policy=policy,
+    return ApplyConfig(**ModeConfig.of_model(model, folder, node_id), policy=policy,
                        on_mismatch=on_mismatch, cache_device=cache_device,
-                       forecast=None if forecast is None else forecasters.canonical(forecast))
+                       forecast=None if forecast is None else forecasters.canonical(forecast), check=check)

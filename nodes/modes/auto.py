@@ -23,19 +23,21 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-import torch
-
 from ...core import forecasters
 from ...core.engine import CacheStats
 from ...core.errors import GCacheError
 from ...core.io_share import IoShare
 from ...core.policy import Policy, few_computed, k_for_speedup, out_of_reach, predicted_speedup
 from ...core.profile import Profile
+from ...core.selfcheck import FAIL
+from ...core.verdicts import checks_of, failed, stamp
 from .. import artifacts
 from ..artifacts import FOLDER_FIX, cant_write
-from ..patching.content_hash import content_hash
+from ..patching.adapters import Route
+from ..patching.content_hash import content_hash, model_key
 from ..patching.runtime import RunState
 from ..patching.steps import Schedule, place_run
+from . import verdicts
 from .apply import ApplyConfig
 from .base import ModeConfig, catalog_for, check_step_mismatch
 from .profile import ProfileConfig
@@ -46,31 +48,6 @@ log = logging.getLogger("gcache")
 # says is best, at a measured io share, from profiles that may hold a squared E (core/profile.py); 1: reuse,
 # estimated share, from profiles without forecast statistics
 AUTO_VERSION = 4
-
-
-def model_key(model) -> str:
-    """A short name for the weights a ModelPatcher samples with (checkpoint and LoRAs): shapes, a few values
-    and the patches, hashed. Two checkpoints of one family get different keys; batch and resolution don't count."""
-    dm = model.get_model_object("diffusion_model")
-    params = list(dm.named_parameters())
-    picks = sorted({0, len(params) // 2, len(params) - 1}) if params else []
-    patches = sorted((str(k), [(float(p[0]), _tensor_samples(p[1])) for p in v if isinstance(p[0], (int, float))])
-                     for k, v in getattr(model, "patches", {}).items())
-    return content_hash(type(dm).__name__, sum(p.numel() for _, p in params),
-                        [(n, tuple(p.shape)) for n, p in params[:16]],
-                        [params[i][1].detach().reshape(-1)[:256] for i in picks], patches)[:8]
-
-
-def _tensor_samples(obj, depth: int = 0) -> list:
-    """The first values of every tensor in a patch (a LoRA's up/down weights, an adapter's .weights): two LoRAs on
-    the same layers at the same strength must not share a key."""
-    if torch.is_tensor(obj):
-        return [obj.detach().reshape(-1)[:64]]
-    if depth < 3 and isinstance(obj, (list, tuple)):
-        return [t for o in obj for t in _tensor_samples(o, depth + 1)]
-    if depth < 3 and hasattr(obj, "weights"):
-        return _tensor_samples(getattr(obj, "weights"), depth + 1)
-    return []
 
 
 @dataclass
@@ -88,14 +65,22 @@ class AutoConfig(ModeConfig):
 
     def begin(self, patcher, run_sigmas: list[float], sample_key: Callable[[], str]) -> RunState:
         name, sched = self.name_for(patcher, run_sigmas)
+        if verdicts.recorded_fail(self.subject) is not None:  # never skipped, never profiled: Apply says why
+            return ApplyConfig(**self.common(), policy=Policy.all_ones(sched.n_global)).begin(
+                patcher, run_sigmas, sample_key)
         if name is None:  # a KSamplerAdvanced slice (Wan 2.2's experts): one sampler sees half the schedule
             log.warning("GCache Apply auto: this sampler runs %s, a slice of a schedule; auto mode profiles whole "
                         "runs only, so every step is computed. For split samplers give both models a GCache Profile "
                         "with one name, then GCache Policy → GCache Apply.", sched.where())
-            return ApplyConfig(**self.common(), policy=Policy.all_ones(sched.n_global)).begin(
+            return ApplyConfig(**self.common(), policy=Policy.all_ones(sched.n_global), check=True).begin(
                 patcher, run_sigmas, sample_key)
         notes: list[str] = []  # what this run found on the way (damaged files, searched policies it does not take)
         policy, how = self.find_policy(name, notes)
+        if policy is not None and self._unchecked():  # a ComfyUI (or GCache) this model was not checked on yet
+            _say(notes, f"{how} from the next run: the skip path of {self.subject.where()} has not been "
+                        "self-checked yet, so this run computes every step and checks it")
+            return ApplyConfig(**self.common(), policy=Policy.all_ones(sched.n_global), check=True).begin(
+                patcher, run_sigmas, sample_key)
         if policy is not None:
             _say(notes, how)
             return ApplyConfig(**self.common(), policy=policy, on_mismatch="remap", cache_device=self.cache_device,
@@ -117,6 +102,11 @@ class AutoConfig(ModeConfig):
         def finish(run: RunState, stats: CacheStats, ok: bool):
             if not (ok and os.path.isfile(prof_path)):
                 return  # Profile's own line said why nothing was added
+            verdict = getattr(run.selfcheck, "verdict", None)
+            if verdict is not None and verdict["result"] == FAIL:  # its own line said so; no policy that skips
+                log.warning("GCache Apply auto: no policy made for %s: its self-check failed, so every later run "
+                            "computes every step.", self.model_name)
+                return
             try:  # after sampling: a file problem is logged, never raised (the image is kept)
                 prof = Profile.load(prof_path)
                 pol = self.build(name, prof)
@@ -142,6 +132,11 @@ class AutoConfig(ModeConfig):
                      prof.io.describe_speedup(pol.n_steps, pol.n_computed), prof.io.describe())
         run.on_close.append(finish)
         return run
+
+    def _unchecked(self) -> bool:
+        """The model's skip path has no verdict for this ComfyUI and GCache yet, and one can be recorded."""
+        return self.subject is not None and bool(self.subject.folder) and self.adapter.route != Route.FALLBACK \
+            and self.subject.recorded() is None and cant_write(self.folder) is None
 
     def _readable(self, path: str, load, notes: list[str]):
         """The file at `path` loaded, or None when there is none; a damaged one is set aside (and None), with a
@@ -225,6 +220,12 @@ class AutoConfig(ModeConfig):
             if pol is not None:
                 notes.append(f"{os.path.basename(path)} was built from that profile and is not applied")
                 pol, dropped = None, path
+        bad = failed(checks_of(prof.meta)) if prof is not None else None
+        if bad is not None:  # recorded where the self-check failed (another ComfyUI): its residuals may be wrong
+            aside = _set_aside(prof_path, "selfcheck-failed")
+            notes.append(f"{os.path.basename(prof_path)} was recorded where GCache's self-check failed (ComfyUI "
+                         f"{bad['comfyui']}, GCache {bad['gcache']}); {aside}")
+            prof = None
         if pol is not None and version == 2 and prof is None:
             notes.append(f"{os.path.basename(path)} was built from a profile that may hold a squared E (GCache "
                          "before profile format 2) and that profile is gone: it is not applied")
@@ -278,6 +279,7 @@ class AutoConfig(ModeConfig):
         fc, scores = (self.forecast, {}) if self.forecast is not None else choose_forecaster(profile, k)
         pol = auto_policy(profile, k, fc)
         pol.metrics.update(share.metrics(pol.n_steps, pol.n_computed))
+        stamp(pol.provenance, profile.meta)
         pol.provenance["auto"] = {"model": self.model_name, "key": self.key, "speedup": self.speedup,
                                   "version": AUTO_VERSION, "forecaster_scores": {n: round(v, 6) for n, v in scores.items()},
                                   "forecaster": "Apply's forecast input" if self.forecast is not None else
@@ -330,10 +332,11 @@ def auto_name(model, run_sigmas: list[float]) -> Optional[artifacts.AutoName]:
 
 
 def auto_config(model, folder: str, speedup: float, on_mismatch: str = "remap",
-                cache_device: Optional[str] = None, forecast: Optional[str] = None) -> AutoConfig:
+                cache_device: Optional[str] = None, forecast: Optional[str] = None, node_id=None) -> AutoConfig:
+    """folder: auto's files and the self-check's verdicts; node_id: the node that shows the verdicts."""
     if not speedup >= 1.0:
         raise GCacheError(f"auto_speedup must be at least 1.0, got {speedup}.")
     check_step_mismatch(on_mismatch)
-    return AutoConfig(**ModeConfig.describe(model.get_model_object("diffusion_model")), folder=folder,
-                      key=model_key(model), speedup=float(speedup), on_mismatch=on_mismatch,
+    fields = ModeConfig.of_model(model, folder, node_id)
+    return AutoConfig(**fields, folder=folder, key=fields["subject"].key, speedup=float(speedup), on_mismatch=on_mismatch,
                       cache_device=cache_device, forecast=None if forecast is None else forecasters.canonical(forecast))

@@ -14,7 +14,7 @@ import logging
 import uuid
 import weakref
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Optional
 
 import comfy.samplers
 
@@ -24,6 +24,7 @@ from ..patching.adapters import Adapter, Route, choose_adapter, estimated_io_sha
 from ..patching.runtime import RunState
 from ..patching.steps import Schedule, ScheduleCatalog, StepTracker, model_time, normalized_times, place_run
 from .splits import SPLITS
+from .verdicts import Subject, subject_of
 
 log = logging.getLogger("gcache")
 CACHE_DEVICES = {"model device": None, "cpu": "cpu"}  # the nodes' combo options → torch device (None: model's)
@@ -63,6 +64,7 @@ class ModeConfig:
     io_share: float                  # estimated (parameter count) share of a step outside the block stack
     model_name: str
     owner: str = field(default_factory=lambda: uuid.uuid4().hex)  # finds this clone's live run (patching/runtime.py)
+    subject: Optional[Subject] = None  # the self-check's subject: its verdicts (verdicts.py); None: none kept
 
     def start_run(self, patcher, run_sigmas: list[float], sample_key: Callable[[], str]) -> RunState:
         """One sampling run of this clone (RunConfig.start_run): a new prompt first drops the split recordings an
@@ -80,9 +82,18 @@ class ModeConfig:
         return {"adapter": ad, "io_share": estimated_io_share(ad, diffusion_model),
                 "model_name": type(diffusion_model).__name__}
 
+    @staticmethod
+    def of_model(model, folder: str = "", node_id=None) -> dict:
+        """describe() of a ModelPatcher's diffusion model, with the self-check's subject (verdicts kept in `folder`;
+        "": none kept, the check still runs; node_id: the GCache node that shows them)."""
+        fields = ModeConfig.describe(model.get_model_object("diffusion_model"))
+        fields["subject"] = subject_of(model, fields["adapter"], folder, node_id)
+        return fields
+
     def common(self) -> dict:
         """The fields a mode hands to the mode it runs as (auto runs as apply or profile)."""
-        return dict(adapter=self.adapter, io_share=self.io_share, model_name=self.model_name, owner=self.owner)
+        return dict(adapter=self.adapter, io_share=self.io_share, model_name=self.model_name, owner=self.owner,
+                    subject=self.subject)
 
     def warn_if_unpatched(self, run: RunState, stats: CacheStats) -> None:
         """The model was called but no block patch ever was: its block loop does not ask for the patches the

@@ -1,6 +1,8 @@
 """GCache Profile's mode: sample normally and add the run's block-stack residual errors to a profile file. A split
 schedule (Wan 2.2's two experts) is recorded in two halves; the first waits in SPLITS (splits.py) for the second.
-Imports ComfyUI (base.py)."""
+Every profile run self-checks the skip path (verdicts.py) and its profile's meta keeps the verdict ("selfcheck"); a
+model whose check failed before is profiled without a check, and its profile says it failed. Imports ComfyUI
+(base.py)."""
 from __future__ import annotations
 
 import logging
@@ -13,10 +15,12 @@ from ...core.errors import GCacheError
 from ...core.io_share import run_summary
 from ...core.profile import Profile, ProfileRecorder
 from ...core.step_clock import StackClock, StepClock
+from ...core.verdicts import checks_of, with_check
 from .. import artifacts
 from ..artifacts import FOLDER_FIX, cant_write
 from ..patching.runtime import RunState, Variant
 from ..patching.steps import Schedule
+from . import verdicts
 from .base import ModeConfig, where_run
 from .splits import SPLITS, Half
 
@@ -85,6 +89,9 @@ class ProfileConfig(ModeConfig):
             if run.disabled is not None:
                 log.info("GCache Profile: this run recorded nothing (%s); nothing was added.", run.disabled)
                 return not_added(f"the run recorded nothing: {run.disabled}")
+            verdict = check.verdict if check is not None else failed
+            if recorder is not None and verdict is not None:  # the profile says how its runs were checked
+                recorder.meta["selfcheck"] = with_check(checks_of(recorder.meta), verdict)
             if recorder is not None:  # the block stack against whole steps: the measured io share, step by step
                 shares = recorder.meta.pop(_IO_STEPS, []) + stats.io_step_shares()  # (a split run's parts together)
                 if shares:
@@ -115,7 +122,16 @@ class ProfileConfig(ModeConfig):
                 return ResidualCache(None, observers=(StepClock(),))
             return ResidualCache(None, observers=(recorder, StackClock()))  # the stack timed: the io share
 
-        return RunState(engine, tracker, self.owner, on_close=finish, may_skip=False)  # computes every step
+        run = RunState(engine, tracker, self.owner, on_close=finish, may_skip=False)  # computes every step
+        failed = verdicts.recorded_fail(self.subject)
+        check = None
+        if failed is not None:
+            log.warning("GCache Profile: %s. This run is profiled as usual (every step is computed anyway); the "
+                        "profile records the failed check, and no policy made from it skips.",
+                        verdicts.refusal(failed, self.subject))
+        elif self.subject is not None:
+            check = verdicts.start_check(run, self.subject, self.adapter, sched)
+        return run
 
     def _add(self, prof: Profile, sched: Schedule) -> Optional[str]:
         """Merge into the file. A file damaged or replaced during sampling, or a folder that cannot be written,
@@ -156,8 +172,11 @@ def _drop_partial_variants(recorder: ProfileRecorder) -> None:
 
 
 def profile_config(model, profile_path: str, history_device: Optional[str] = None, forecast: bool = False,
-                   on_not_added: Optional[Callable[[str], None]] = None) -> ProfileConfig:
-    cfg = ProfileConfig(**ModeConfig.describe(model.get_model_object("diffusion_model")), profile_path=profile_path,
+                   on_not_added: Optional[Callable[[str], None]] = None, folder: Optional[str] = None,
+                   node_id=None) -> ProfileConfig:
+    """folder: where the self-check's verdicts are kept (None: the profile's own folder; "": none kept)."""
+    folder = os.path.dirname(os.path.abspath(profile_path)) if folder is None else folder
+    cfg = ProfileConfig(**ModeConfig.of_model(model, folder, node_id), profile_path=profile_path,
                         history_device=history_device, forecast=forecast, on_not_added=on_not_added)
     cfg.check_file()
     return cfg

@@ -104,6 +104,7 @@ class RunState:
         self.slots: list = []       # the dit slots GCache patched (hooks.py sets them; foreign.py checks each call)
         self.alloc_context: Optional[Callable] = None  # where the caches make what they keep (memory_compiler.py)
         self.uncached: set = set()  # patch signatures of calls that left the stack unpaired: they compute
+        self.selfcheck = None       # a run that computes every step: its self-check of the skip path (selfcheck.py)
         self._lanes: dict = {}        # "main", or the device of ComfyUI's MultiGPU CFG split -> lane
         self._by_thread: dict = {}    # thread id -> the lane of its current call
         self._lock = threading.Lock()

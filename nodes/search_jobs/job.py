@@ -1,5 +1,9 @@
 """One GCache Search, inside ComfyUI: its reference runs, its profile, evaluate(mask), and running it in the
 foreground or one background slice at a time. Imports ComfyUI.
+
+The reference runs compute every step and self-check the skip path (../modes/verdicts.py). A model whose check
+failed on this ComfyUI, or a profile recorded where it failed, is not searched (NothingToSearch): the node then
+gives a policy that computes every step, saves nothing, and says why.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from ...core import forecasters
 from ...core.errors import GCacheError
 from ...core.policy import Policy, predicted_speedup
 from ...core.profile import Profile
+from ...core.verdicts import checks_of, failed, stamp
 from ...search.bilevel import SearchInterrupted, SearchResult, run_search
 from ...search.config import SearchConfig
 from ...search.objectives import make_objective
@@ -25,12 +30,18 @@ from .. import artifacts
 from ..artifacts import FOLDER_FIX, cant_write
 from ..modes.apply import apply_config
 from ..modes.auto import auto_name
+from ..modes.base import ModeConfig
 from ..modes.profile import profile_config
+from ..modes.verdicts import describe, recorded_fail, refusal
 from ..patching import hooks
 from ..patching.content_hash import content_hash
 from .sampling import decode, sample
 
 log = logging.getLogger("gcache")
+
+
+class NothingToSearch(GCacheError):
+    """The model's self-check failed (recorded, or in the profile the search would use): nothing is searched."""
 
 
 @dataclass
@@ -51,6 +62,7 @@ class SearchJob:
     name: str
     profile: Optional[Profile] = None   # connected; else the reference runs are profiled
     not_recorded: list = field(default_factory=list)  # why a reference run was not added to the search's profile
+    node_id: Optional[str] = None       # the node that shows the self-check's verdicts
 
     @property
     def state_path(self) -> str:
@@ -92,19 +104,39 @@ class SearchJob:
         """The full-compute images of the seeds; they are also the profile when none is connected, recorded through
         the same file path GCache Profile uses (<name>.search.profile.safetensors)."""
         record = self.profile is None and not (os.path.isfile(self.state_path) and os.path.isfile(self.own_profile))
-        ref_model = self.model
         self.not_recorded.clear()
         if record:
             if os.path.isfile(self.own_profile):
                 os.remove(self.own_profile)  # left by a search whose state is gone: it is recorded again now
             ref_model = hooks.patch_model(self.model, profile_config(
                 self.model, self.own_profile, forecast=forecasters.get(self.config.forecast).forecasts,
-                on_not_added=self.not_recorded.append))
+                on_not_added=self.not_recorded.append, folder=self.folder, node_id=self.node_id))
+        else:  # every step computed through GCache (bit-identical to the model alone), the skip path checked
+            ref_model = hooks.patch_model(self.model, apply_config(
+                self.model, Policy.all_ones(self.steps), folder=self.folder, node_id=self.node_id, check=True))
         refs = []
         for s in self.seeds:
             refs.append(self.run(ref_model, s))
             tick()
+        self.check_selfcheck()  # the reference runs just checked the model
         return refs
+
+    def check_selfcheck(self) -> None:
+        """NothingToSearch when the model's self-check failed on this ComfyUI, or the profile the search would use
+        was recorded where it failed: the search would judge masks by a skip path that is wrong there."""
+        subject = ModeConfig.of_model(self.model, self.folder, self.node_id)["subject"]
+        bad = recorded_fail(subject)
+        if bad is not None:
+            raise NothingToSearch(f"GCache Search searches nothing: {refusal(bad, subject)}")
+        for prof, what in ((self.profile, "the connected profile"),
+                           (_readable(self.own_profile), os.path.basename(self.own_profile))):
+            bad = failed(checks_of(prof.meta)) if prof is not None else None
+            if bad is not None:
+                raise NothingToSearch(
+                    f"GCache Search searches nothing: {what} was recorded where GCache's self-check failed "
+                    f"({bad['model']} ({bad['family']}) on ComfyUI {bad['comfyui']}, GCache {bad['gcache']}: "
+                    f"{describe(bad)}), so its residuals may be wrong. Profile again where the check passes (a new "
+                    f"profile name; for the search's own profile delete it and {os.path.basename(self.state_path)})")
 
     def check_profile(self) -> None:
         """A connected profile with a defect is refused before any sampling."""
@@ -154,6 +186,7 @@ class SearchJob:
     def finish(self, result: SearchResult, profile: Profile) -> Policy:
         """Saves the policy (and a copy for GCache Apply (auto) of the same model, steps and scheduler)."""
         policy = result.policy
+        stamp(policy.provenance, profile.meta)
         share = profile.io
         policy.metrics.update(share.metrics(policy.n_steps, policy.n_computed))  # the profile's io share, with its range
         path = artifacts.policy_path(self.folder, self.name)
@@ -236,6 +269,14 @@ def run_slice(job: SearchJob, profile: Profile, refs: list, seconds: float, canc
         return job.search(profile, refs, should_stop, on_progress), "done"
     except SearchInterrupted:
         return None, why[0]
+
+
+def _readable(path: str) -> Optional[Profile]:
+    """The profile at `path` when it can be read (what can't is said where the search loads it)."""
+    try:
+        return Profile.load(path) if os.path.isfile(path) else None
+    except GCacheError:
+        return None
 
 
 def _peek(path: str) -> Optional[dict]:

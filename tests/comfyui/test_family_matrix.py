@@ -2,7 +2,8 @@
 
 For each family: the adapter chosen; all-ones bit-identical to the unpatched model; a K < N policy runs the
 block stack exactly K times per branch; on every skipped step the stack's output equals h + the true δ of the
-last computed step; Profile's E equals the E built from the true δ. The true δ is observed from outside GCache:
+last computed step; Profile's E equals the E built from the true δ, and its run's self-check of the skip path
+passed, with the error it measured, far below the tolerance (the whole-model fallback: "not checked", its reason). The true δ is observed from outside GCache:
 a copy of the stack input made before GCache's first block patch sees it (the check that catches blocks that
 add into their input in place, LTXV and Chroma), and the image tokens of the last block's output.
 """
@@ -323,6 +324,12 @@ def test_family(name, cfg, unet_dir, tmp_path, caplog):
         obs.close()
     prof = Profile.load(path)
     assert prof.count == branches
+    check = prof.meta["selfcheck"]  # run 1's self-check (tests/comfyui/test_selfcheck.py: margins, controls)
+    assert len(check) == 1 and check[0]["family"] == expected and check[0]["comfyui"] == ".".join(map(str, _version()))
+    if expected == FALLBACK:
+        assert check[0]["result"] == "not checked" and "whole-model fallback" in check[0]["why"], check
+    else:
+        assert check[0]["result"] == "pass" and 3 * check[0]["error"] <= check[0]["tolerance"], check
     E = true_E(obs.calls)
     assert torch.allclose(torch.from_numpy(prof.E), E, rtol=1e-4, atol=1e-7), \
         f"profile E vs true E: max rel {((torch.from_numpy(prof.E) - E).abs() / E.clamp_min(1e-12)).max():.3g}"

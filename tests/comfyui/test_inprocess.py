@@ -300,8 +300,9 @@ def test_abandoned_split_recording_is_dropped_when_the_next_prompt_starts(built,
 
 # ------------------------------------------------------------------------------------------- instant / auto
 def visible(folder) -> list:
-    """The files a user sees in the folder (not the hidden lock files beside profiles)."""
-    return sorted(f for f in os.listdir(folder) if not f.startswith("."))
+    """The files a user sees in the folder (not the hidden lock files beside profiles, nor the self-check's record,
+    which run 1 writes: tests/comfyui/test_selfcheck.py)."""
+    return sorted(f for f in os.listdir(folder) if not f.startswith(".") and f != "selfcheck.json")
 
 
 @pytest.mark.parametrize("family", ["flux", "wan"])
@@ -367,7 +368,8 @@ def test_apply_auto_forecasts_with_the_forecast_input(built, gcache_dir, caplog,
     m, pos, neg, lat = built[family]
     ksample(GCacheApply.execute(m, "(auto)", "model device", "remap", 2.0).result[0], pos, neg, lat, cfg=3.0)
     prof = Profile.load(str(next(p for p in gcache_dir.iterdir() if p.name.endswith(".profile.safetensors"))))
-    k = Policy.load(str(next(p for p in gcache_dir.iterdir() if p.suffix == ".json"))).n_computed
+    k = Policy.load(str(next(p for p in gcache_dir.iterdir() if p.suffix == ".json" and p.name.startswith("auto_")))
+                    ).n_computed
     for label, fc in (("linear (1)", "linear"), ("fitted (profile)", "fitted")):
         caplog.clear()
         with caplog.at_level("INFO", logger="gcache"), BlockCounter(m, family) as c:
@@ -394,7 +396,7 @@ def test_apply_auto_made_before_forecasting_keeps_working_and_is_rebuilt_from_a_
     m, pos, neg, lat = built["flux"]
     model = GCacheApply.execute(m, "(auto)", "model device", "remap", 2.0).result[0]
     ksample(model, pos, neg, lat)
-    pol_path = next(p for p in gcache_dir.iterdir() if p.suffix == ".json")
+    pol_path = next(p for p in gcache_dir.iterdir() if p.suffix == ".json" and p.name.startswith("auto_"))
     prof_path = next(p for p in gcache_dir.iterdir() if p.name.endswith(".profile.safetensors"))
     import json
     old = json.loads(pol_path.read_text())  # as auto wrote it before forecasting: reuse, no auto version

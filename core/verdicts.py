@@ -1,0 +1,168 @@
+"""The self-check's verdicts as GCache keeps them (selfcheck.py says what a check measures). JSON only.
+
+- The record file (models/gcache/selfcheck.json in ComfyUI): one verdict per model (its weights key), family adapter,
+  ComfyUI version (and the model's code) and GCache version. A fail there turns skipping off for that model until one
+  of them changes; it is never overwritten by a later pass (no later run checks it again). Written atomically,
+  under a lock; a damaged file raises DamagedRecord (the caller sets it aside).
+- A profile's meta "selfcheck": the verdicts of the runs it holds, one per environment (merged profiles keep both
+  sides'; a fail wins over a pass of the same environment).
+- A policy's provenance "selfcheck": the verdicts of the profile it was made from.
+
+A verdict is a flat dict: result ("pass" | "fail" | "not checked"), why, error, tolerance, dtype, model, key,
+family, comfyui, code, gcache, date.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Mapping, Optional
+
+from .errors import GCacheError
+from .files import atomic_write_text, exclusive
+from .selfcheck import FAIL, NOT_CHECKED, PASS, RESULTS
+
+RECORD_FORMAT = "gcache.selfcheck"
+RECORD_VERSION = 1
+SUBJECT = ("key", "family", "comfyui", "code", "gcache")  # what a verdict is about: a change to any one checks again
+TEXT = ("result", "why", "dtype", "model", "date") + SUBJECT
+NUMBERS = ("error", "tolerance")
+MAX_RECORDS = 1024  # verdicts kept in the record file (the latest); a few hundred bytes each
+MAX_IN_META = 16    # verdicts kept in a profile's meta and a policy's provenance
+
+
+class DamagedRecord(GCacheError):
+    """The record file can't be read: the caller sets it aside (a lock that can't be taken is not this)."""
+
+
+def subject_key(v: Mapping) -> str:
+    return "|".join(str(v.get(f, "")) for f in SUBJECT)
+
+
+def valid(v) -> bool:
+    """A verdict as GCache writes it (anything else in a file is damage or an edit)."""
+    if not isinstance(v, dict) or v.get("result") not in RESULTS:
+        return False
+    if not all(isinstance(v.get(f, ""), str) for f in TEXT):
+        return False
+    return all(v.get(f) is None or (isinstance(v[f], (int, float)) and not isinstance(v[f], bool)
+                                    and math.isfinite(v[f]) and v[f] >= 0) for f in NUMBERS)
+
+
+def clean(v: Mapping) -> dict:
+    """The verdict's fields only, JSON-safe (an infinite error, a replay that gave NaN/Inf, is written as 1e300)."""
+    out = {f: str(v.get(f, "") or "") for f in TEXT}
+    for f in NUMBERS:
+        x = v.get(f)
+        out[f] = None if x is None else (float(x) if math.isfinite(float(x)) else 1e300)
+    return out
+
+
+class VerdictBook:
+    """The record file's verdicts by subject."""
+
+    def __init__(self, verdicts: Optional[dict] = None):
+        self.verdicts: dict[str, dict] = dict(verdicts or {})
+
+    def get(self, subject: Mapping) -> Optional[dict]:
+        return self.verdicts.get(subject_key(subject))
+
+    def put(self, verdict: Mapping) -> dict:
+        """Keeps `verdict` (a recorded fail stays: nothing checks that subject again); returns the one kept."""
+        v = clean(verdict)
+        key = subject_key(v)
+        old = self.verdicts.get(key)
+        if old is not None and old["result"] == FAIL and v["result"] != FAIL:
+            return old
+        self.verdicts.pop(key, None)
+        self.verdicts[key] = v
+        while len(self.verdicts) > MAX_RECORDS:
+            del self.verdicts[next(iter(self.verdicts))]
+        return v
+
+    def to_json(self) -> str:
+        return json.dumps({"format": RECORD_FORMAT, "version": RECORD_VERSION,
+                           "verdicts": list(self.verdicts.values())}, indent=1, allow_nan=False)
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "selfcheck.json") -> "VerdictBook":
+        try:
+            d = json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as e:
+            raise DamagedRecord(f"{source} is not valid JSON ({e})") from None
+        if not isinstance(d, dict) or d.get("format") != RECORD_FORMAT:
+            raise DamagedRecord(f"{source} is not GCache's self-check record (no 'format': '{RECORD_FORMAT}')")
+        if d.get("version") != RECORD_VERSION:
+            raise DamagedRecord(f"{source} has record version {d.get('version')!r}; this GCache reads {RECORD_VERSION}")
+        items = d.get("verdicts")
+        if not isinstance(items, list) or not all(valid(v) for v in items):
+            raise DamagedRecord(f"{source} holds a verdict GCache did not write (edited or damaged)")
+        book = cls()
+        for v in items:
+            book.verdicts[subject_key(v)] = clean(v)
+        return book
+
+    @classmethod
+    def load(cls, path: str) -> "VerdictBook":
+        """The record file (an empty book when there is none); DamagedRecord when it can't be read."""
+        if not os.path.isfile(path):
+            return cls()
+        try:
+            with open(path, "r", encoding="utf-8") as f:
+                text = f.read()
+        except UnicodeDecodeError:
+            raise DamagedRecord(f"{os.path.basename(path)} is not a text file") from None
+        return cls.from_json(text, os.path.basename(path))
+
+
+def record(path: str, verdict: Mapping, lock_timeout_s: float = 30.0) -> dict:
+    """Adds `verdict` to the record file at `path` (created if missing): read, changed and written atomically under
+    a lock, so that two ComfyUI processes on one models folder both land. Returns the verdict kept for its subject.
+    DamagedRecord when the file is damaged (nothing written), GCacheError when its lock can't be taken, OSError when
+    it can't be written."""
+    with exclusive(path, lock_timeout_s):
+        book = VerdictBook.load(path)
+        kept = book.put(verdict)
+        atomic_write_text(path, book.to_json())
+    return kept
+
+
+# ------------------------------------------------------------------------------ profiles and policies
+def checks_of(meta: Mapping) -> list[dict]:
+    """The verdicts a profile's meta (or a policy's provenance) holds; anything malformed is left out."""
+    items = meta.get("selfcheck") if isinstance(meta, Mapping) else None
+    return [clean(v) for v in items if valid(v)] if isinstance(items, list) else []
+
+
+def with_check(checks: list[dict], verdict: Mapping) -> list[dict]:
+    """`checks` with `verdict` for its subject (a fail of the same subject stays), the latest MAX_IN_META kept."""
+    book = VerdictBook({subject_key(v): v for v in checks})
+    book.put(verdict)
+    return list(book.verdicts.values())[-MAX_IN_META:]
+
+
+def merged_checks(meta_a: Mapping, meta_b: Mapping) -> list[dict]:
+    """The verdicts of two merged profiles: a's, then b's (per subject, a fail wins)."""
+    out = checks_of(meta_a)
+    for v in checks_of(meta_b):
+        out = with_check(out, v)
+    return out
+
+
+def failed(checks: list[dict]) -> Optional[dict]:
+    """The first failed verdict among `checks` (None: none failed)."""
+    return next((v for v in checks if v["result"] == FAIL), None)
+
+
+def summary(checks: list[dict]) -> str:
+    """'pass' when one passed and none failed, 'fail' when any failed, else 'not checked'."""
+    if failed(checks):
+        return FAIL
+    return PASS if any(v["result"] == PASS for v in checks) else NOT_CHECKED
+
+
+def stamp(provenance: dict, profile_meta: Mapping) -> None:
+    """Carries a profile's verdicts into the provenance of a policy made from it (nothing when it has none)."""
+    checks = checks_of(profile_meta)
+    if checks:
+        provenance["selfcheck"] = checks

@@ -1,0 +1,230 @@
+"""The self-check of the skip path inside a run that computes every step (run 1). No ComfyUI import.
+
+hooks.py's APPLY_MODEL wrapper hands every model call of a run with a RunCheck to `model_call`. At the step checked
+(the run's last: a step after the first, and one whose timing the io share leaves out), the first call of each set of
+branches runs as usual while the lane's cache holds its block-stack residuals (core/replay.py), and is then called
+again with the stack skipped by those residuals, through the very gate, patches and stream code a skipped step runs.
+The replay's output is compared with the computed one (core/selfcheck.py) and thrown away: the run goes on with the
+computed output, bit for bit. During the replay every GCache block patch counts its calls (each block of each pass
+must go through its patch: a block the model's loop runs by itself runs its original) and the cache counts stack
+entries and exits (one each per computed pass): a patch the model's loop never calls shows there. Calls the replay
+can't make (ComfyUI's MultiGPU CFG split) are "not checked", with the reason; so is a replay that raises anything but
+a broken skip path, and one that does not reproduce a call where another node's patch sits in a slot of GCache's
+stack (SLG's skip, a node applied after GCache): the mismatch may be that node's. Nothing here fails the prompt.
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import torch
+
+from ...core.errors import GCacheError
+from ...core.replay import ReplayBroken
+from ...core.selfcheck import Outcome, conclude, replay_error, tolerance
+from .adapters import Adapter, Route, block_slots
+
+PATCHES = __name__.rsplit(".", 1)[0]  # the package of GCache's block patches (runtime.py): "ours" in patches_replace
+
+
+def parts(t) -> list:
+    """A model input/output as tensors: ComfyUI 0.33's NestedTensor (LTX-2's video + audio) is several."""
+    return list(t.tensors) if hasattr(t, "tensors") else [t]
+
+
+class RunCheck:
+    """The self-check of one sampling run (module docstring). `step`: the global step checked."""
+
+    def __init__(self, adapter: Adapter, step: Optional[int], why_not: str = ""):
+        self.adapter = adapter
+        self.step = step            # None: nothing to check in this run (why_not says why)
+        self.why_not = why_not
+        self.done: set = set()      # the branch sets already checked
+        self.errors: list = []      # (error, tolerance, dtype) per replayed call
+        self.problems: list = []    # what went wrong (a fail)
+        self.skipped: list = []     # why a call was not checked
+        self._timers: list = []     # the replays' (start, end): perf_counter floats or CUDA events
+        self.verdict: Optional[dict] = None  # the run's verdict, once it is closed (../modes/verdicts.py)
+
+    # ---------------------------------------------------------------- per model call
+    def model_call(self, run, step: int, executor, args: tuple, kwargs: dict, foreign_options: Optional[dict] = None):
+        """One model call of run 1 (args: as the model is called, other nodes' patches already inside GCache's gate,
+        foreign.py); `foreign_options`: the call's transformer_options as ComfyUI made them, where another node's
+        patch in GCache's slots still shows as that node's."""
+        if step != self.step or run.disabled is not None:
+            return executor(*args, **kwargs)
+        ln = run.lane()
+        branches = tuple(ln.branches)
+        if branches in self.done:
+            return executor(*args, **kwargs)
+        self.done.add(branches)
+        topts = (args[5] if len(args) > 5 else kwargs.get("transformer_options")) or {}
+        if topts.get("multigpu_thread_device") is not None:
+            self.skipped.append("ComfyUI's MultiGPU CFG split runs this call in a thread of its own device")
+            return executor(*args, **kwargs)
+        cache = ln.cache
+        cache.hold()
+        try:  # from here on the cache holds this call's residuals: released whatever happens
+            out = executor(*args, **kwargs)
+            try:
+                self._judge(self._replay(ln, executor, args, kwargs, out, topts),
+                            self._foreign(topts if foreign_options is None else foreign_options))
+            except Exception as e:  # noqa: BLE001  a fault of the check itself: said, never the prompt's failure
+                self.skipped.append(f"the self-check itself failed ({type(e).__name__}: {e})")
+        finally:
+            cache.release()
+        return out
+
+    def _foreign(self, topts: dict) -> str:
+        """Another node's patch in a slot of GCache's stack for this call (SLG's skip, a node applied after GCache
+        that wraps or replaces GCache's patch): what the replay then shows may be that node's doing."""
+        if self.adapter.route != Route.DIT:
+            return ""
+        keys = {st.key for st in self.adapter.stacks}
+        dit = ((topts.get("patches_replace") or {}).get("dit")) or {}
+        for slot, fn in dit.items():
+            key = slot[0] if isinstance(slot, tuple) else slot
+            if key in keys and not str(getattr(fn, "__module__", "")).startswith(PATCHES):
+                return f"another node's block patch sits in GCache's slot on the {key} blocks"
+        return ""
+
+    def _judge(self, shown: Optional[tuple], foreign: str) -> None:
+        """What one replayed call showed, (problems, (error, tolerance, dtype) or None), into the run's outcome. With
+        another node's patch in GCache's slots a mismatch is not the model's: that call is not checked."""
+        if shown is None:
+            return
+        problems, measured = shown
+        differs = measured is not None and not measured[0] <= measured[1]
+        if foreign and (problems or differs):
+            self.skipped.append(f"{foreign}, and the replay through it did not reproduce the call")
+            return
+        self.problems += problems
+        if measured is not None:
+            self.errors.append(measured)
+
+    def _replay(self, ln, executor, args, kwargs, out, topts) -> Optional[tuple]:
+        """Replays the held call through the skip path: (problems, (error, tolerance, dtype) or None), or None
+        when it could not be made (said in self.skipped). Never raises an Exception of the model's."""
+        problems: list = []
+        count = ln.cache.held_count()  # the computed call's
+        if count.held_entries == 0:  # replayed all the same: the blocks' runs are counted, the error measured
+            problems.append("GCache's block patches were never called: the model's own loop ran the blocks")
+        elif count.held == 0:
+            return ["the block stack was entered but never left through GCache's patches (its last block's patch "
+                    "was never called)"], None
+        dm = getattr(getattr(executor, "class_obj", None), "diffusion_model", None)
+        slots = block_slots(self.adapter, dm) if dm is not None else []
+        calls = [0]
+        rargs, rkwargs, restore = _count_patch_calls(self.adapter, dm, slots, args, kwargs, topts, calls)
+        ln.compute = False  # a middle block reached without the first one must not run its block
+        ln.cache.replay()
+        timer = _start(out)
+        try:
+            replayed = executor(*rargs, **rkwargs)
+        except ReplayBroken as e:
+            return problems + [str(e)], None
+        except GCacheError as e:  # the skip path itself refuses this model's stream: a skipped step would fail
+            return problems + [f"the skip path failed: {e}"], None
+        except Exception as e:  # noqa: BLE001  the check never fails the prompt: what it can't do, it says
+            self.skipped.append(f"the replay raised {type(e).__name__}: {e}")
+            return None
+        finally:
+            restore()
+            self._timers.append(_stop(timer))
+        count = ln.cache.held_count()
+        if count.entries != count.held or count.exits != count.held:
+            problems.append(f"the replay entered the block stack {count.entries} times and left it {count.exits} "
+                            f"times; the computed call passed it {count.held} times")
+        expected = len(slots) * max(count.held, 1)
+        if slots and calls[0] < expected:  # each block of each pass must go through its patch: the others ran
+            problems.append(f"the blocks ran anyway: {expected - calls[0]} of {expected} block calls of the replay "
+                            "did not go through GCache's patches")
+        try:
+            err, rounding = replay_error(parts(out), parts(replayed), parts(_without_model(executor, args, out)))
+        except ValueError as e:
+            self.skipped.append(str(e))
+            return None
+        dtype = count.dtype or getattr(dm, "dtype", None)
+        dtype = dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
+        return problems, (err, tolerance(dtype, rounding), str(dtype).replace("torch.", ""))
+
+    # ---------------------------------------------------------------- end of the run
+    def outcome(self) -> Outcome:
+        if self.step is None:
+            return Outcome(why=self.why_not)
+        if not (self.errors or self.problems or self.skipped):
+            return Outcome(why="the run ended before the step checked")
+        return conclude(self.errors, self.problems, self.skipped)
+
+    def replay_seconds(self) -> float:
+        """Wall time of the replays (the profile's io share leaves it out of the step it ran in)."""
+        total = 0.0
+        for start, end in self._timers:
+            if isinstance(start, float):
+                total += end - start
+            else:
+                end.synchronize()
+                total += start.elapsed_time(end) / 1000.0
+        return total
+
+
+def _without_model(executor, args: tuple, out):
+    """The output with the model's contribution taken out: ComfyUI's denoised output is affine in the model's raw
+    output (x − σ·v for flow models, c_skip·x + c_out·F for EDM), so this is calculate_denoised with a zero raw
+    output; the model input where that can't be had. Against it, the replay's error is relative to what the model
+    contributed (no cancellation with c_skip·x late in an EDM schedule)."""
+    try:
+        ms = executor.class_obj.model_sampling
+        return ms.calculate_denoised(args[1], torch.zeros_like(parts(out)[0]), args[0])
+    except Exception:  # noqa: BLE001  a model sampling of its own: the input stands in (flow, eps: the same)
+        return args[0]
+
+
+def _count_patch_calls(adapter: Adapter, dm, slots: list, args: tuple, kwargs: dict, topts: dict, calls: list):
+    """The replay's (args, kwargs, restore) with every GCache block patch counting its calls into calls[0] (dit
+    patches: in a copy of the call's transformer_options; object-patched forwards: wrapped on the blocks until
+    `restore()`). A block the model's loop runs without its patch runs its original: the count comes up short."""
+    def counting(fn):
+        def counted(*a, **kw):
+            calls[0] += 1
+            return fn(*a, **kw)
+        return counted
+
+    if adapter.route == Route.DIT:
+        keys = {st.key for st in adapter.stacks}
+        replace = dict(topts.get("patches_replace") or {})
+        replace["dit"] = {k: counting(fn) if (k[0] if isinstance(k, tuple) else k) in keys else fn
+                          for k, fn in (replace.get("dit") or {}).items()}
+        counted_opts = dict(topts, patches_replace=replace)
+        if len(args) > 5:
+            return args[:5] + (counted_opts,) + args[6:], kwargs, lambda: None
+        return args, dict(kwargs, transformer_options=counted_opts), lambda: None
+    wrapped = []
+    for slot in slots:
+        block = getattr(getattr(dm, slot.stack.attr), slot.child)
+        forward = block.__dict__.get("forward")  # GCache's object patch (ModelPatcher sets it on the block)
+        if forward is not None:
+            block.forward = counting(forward)
+            wrapped.append((block, forward))
+
+    def restore():
+        for block, forward in wrapped:
+            block.forward = forward
+    return args, kwargs, restore
+
+
+def _start(like):
+    first = parts(like)[0]
+    if first.device.type == "cuda":
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+    return time.perf_counter()
+
+
+def _stop(start):
+    if isinstance(start, float):
+        return start, time.perf_counter()
+    ev = torch.cuda.Event(enable_timing=True)
+    ev.record()
+    return start, ev
