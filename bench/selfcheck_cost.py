@@ -16,11 +16,11 @@ tolerance, and one JSON line.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib.util
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -28,28 +28,27 @@ import time
 
 import torch
 
+from ..core.errors import GCacheError
+from .cli import BenchParser, check_optional_comfyui, run_main, whole
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZES = ("tiny", "small", "real")
 
 
-def _parser() -> argparse.ArgumentParser:
-    class Parser(argparse.ArgumentParser):
-        def error(self, message):  # one line, exit 2
-            self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see --help)\n")
-
-    ap = Parser(prog="python -m gcache.bench.selfcheck_cost", description=__doc__,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+def _parser() -> BenchParser:
+    ap = BenchParser("gcache.bench.selfcheck_cost", __doc__)
     ap.add_argument("--model", choices=("flux", "wan", "all"), default="all")
     ap.add_argument("--size", choices=SIZES, default="tiny",
                     help="tiny (default; CPU, about 10 seconds), small (wider models; CPU, under 2 minutes) or real "
                          "(Flux-dev 1024² and Wan 2.1 1.3B 81 frames 480p, plain torch; a GPU, about 2 minutes on an "
                          "H200)")
-    ap.add_argument("--steps", type=int, default=8, help="sampler steps of run 1 (at least 3)")
-    ap.add_argument("--reps", type=int, default=5, help="pairs of runs (with and without the check), alternating")
+    ap.add_argument("--steps", type=whole(3), default=8, help="sampler steps of run 1 (at least 3: the check replays "
+                                                              "the last step; the io share needs one between)")
+    ap.add_argument("--reps", type=whole(1), default=5, help="pairs of runs (with and without the check), alternating")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda for --size real, else cpu)")
     ap.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                     help="default bfloat16 on cuda, float32 on cpu")
-    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    ap.add_argument("--threads", type=whole(1), default=1, help="torch CPU threads (default 1)")
     return ap
 
 
@@ -57,19 +56,12 @@ def main(argv=None) -> dict:
     ap = _parser()
     a = ap.parse_args(argv)
     problems = []
-    if a.steps < 3:
-        problems.append(f"--steps {a.steps}: at least 3 (the check replays the last step; the io share needs one "
-                        "between the first and the last)")
-    if a.reps < 1:
-        problems.append(f"--reps {a.reps}: at least 1")
-    if a.threads < 1:
-        problems.append(f"--threads {a.threads}: at least 1")
     a.device = a.device or ("cuda" if a.size == "real" else "cpu")
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         problems.append(f"--device {a.device}: no CUDA device here")
     elif not (a.device == "cpu" or a.device.startswith("cuda")):
         problems.append(f"--device {a.device}: cpu or cuda")
-    comfy = os.environ.get("COMFYUI_PATH")
+    comfy = check_optional_comfyui(ap)
     if comfy and a.size == "real":
         problems.append("--size real runs the plain-torch models: unset COMFYUI_PATH (ComfyUI's classes are checked "
                         "at tiny and small sizes)")
@@ -78,15 +70,18 @@ def main(argv=None) -> dict:
     a.dtype = a.dtype or ("bfloat16" if a.device.startswith("cuda") else "float32")
     torch.set_num_threads(a.threads)
     backend = ComfyBackend(comfy, a) if comfy else TorchBackend(a)
-    print(f"self-check cost: {backend.what}; {a.device}, {a.dtype}, {a.steps} steps, {a.reps} pairs, torch "
-          f"{torch.__version__}, {torch.get_num_threads()} thread(s), {time.strftime('%Y-%m-%d %H:%M:%S %Z')}",
-          flush=True)
-    out = {"backend": backend.what, "device": a.device, "dtype": a.dtype, "size": a.size, "steps": a.steps,
-           "reps": a.reps, "models": {}}
-    for fam in (("flux", "wan") if a.model == "all" else (a.model,)):
-        out["models"][fam] = measure(backend, fam, a)
-        if a.device.startswith("cuda"):
-            torch.cuda.empty_cache()
+    try:
+        print(f"self-check cost: {backend.what}; {a.device}, {a.dtype}, {a.steps} steps, {a.reps} pairs, torch "
+              f"{torch.__version__}, {torch.get_num_threads()} thread(s), {time.strftime('%Y-%m-%d %H:%M:%S %Z')}",
+              flush=True)
+        out = {"backend": backend.what, "device": a.device, "dtype": a.dtype, "size": a.size, "steps": a.steps,
+               "reps": a.reps, "models": {}}
+        for fam in (("flux", "wan") if a.model == "all" else (a.model,)):
+            out["models"][fam] = measure(backend, fam, a)
+            if a.device.startswith("cuda"):
+                torch.cuda.empty_cache()
+    finally:
+        backend.close()
     print(json.dumps(out))
     return out
 
@@ -133,6 +128,9 @@ class TorchBackend:
     def __init__(self, a):
         self.a = a
         self.what = "bench/speed_models.py's own torch Flux/Wan through the engine (COMFYUI_PATH not set)"
+
+    def close(self) -> None:
+        """Nothing to remove: the plain-torch runs keep no files."""
 
     def build(self, fam: str):
         from .speed_harness import build
@@ -202,13 +200,17 @@ class ComfyBackend:
         import comfyui_version
         helper = os.path.join(REPO, "tests", "comfyui", "tiny_models.py")
         if not os.path.isfile(helper):
-            raise SystemExit(f"{ap_prog()}: error: ComfyUI's models are built as tests/comfyui/tiny_models.py builds "
-                             f"them, which this copy of GCache lacks: run from a checkout, or unset COMFYUI_PATH")
+            raise GCacheError("ComfyUI's models are built as tests/comfyui/tiny_models.py builds them, which this copy "
+                              "of GCache lacks: run from a checkout, or unset COMFYUI_PATH")
         spec = importlib.util.spec_from_file_location("gcache_bench_tiny_models", helper)
         self.tm = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(self.tm)
         self.folder = tempfile.mkdtemp(prefix="gcache-selfcheck-cost-")
         self.what = f"ComfyUI {comfyui_version.__version__}'s own classes from COMFYUI_PATH={path}, {a.size} size"
+
+    def close(self) -> None:
+        """The models' and profiles' temporary folder goes with the run (nothing is left behind)."""
+        shutil.rmtree(self.folder, ignore_errors=True)
 
     def build(self, fam: str):
         tm, dtype, size = self.tm, getattr(torch, self.a.dtype), self.a.size
@@ -258,9 +260,5 @@ class ComfyBackend:
         return {"seconds": seconds, "stack_pass": statistics.median(stats.stack_seconds.values()), "verdict": verdict}
 
 
-def ap_prog() -> str:
-    return "python -m gcache.bench.selfcheck_cost"
-
-
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main, "gcache.bench.selfcheck_cost"))
