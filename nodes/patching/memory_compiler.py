@@ -13,8 +13,10 @@ What GCache does, per sampling run of a block-patched model, where those names e
 - a run that may skip the block stack (Apply with a policy that has a 0) turns the compiler off for itself, from the
   OUTER_SAMPLE wrapper, and puts the flag back in `finally`: a skipped step runs none of the blocks the compiler
   recorded (its per-block pattern changes whenever the policy does), which no pause can make equal. Runs that compute
-  every step (Profile, Auto's first run, an all-ones policy) keep the compiler on. The flag is process-wide: the
-  first of overlapping GCache runs saves it and the last puts it back;
+  every step (Profile, Auto's first run, an all-ones policy) keep the compiler on, except for the one model call the
+  self-check replays through the skip path (selfcheck.py): the compiler is off for that call alone
+  (`run.off_for_call`). The flag is process-wide: the first of overlapping GCache runs saves it and the last puts it
+  back;
 - a user's own `--disable-comfy-compiler` is respected: GCache never turns the compiler on;
 - the log says which, once per run.
 The whole-model fallback caches outside the diffusion model's forward (the APPLY_MODEL wrapper), where nothing is
@@ -99,6 +101,16 @@ def _in_play(api: Compiler, device) -> bool:
 
 
 @contextlib.contextmanager
+def _off(api: Compiler):
+    """The compiler off for what runs inside (one call), then as it was."""
+    HOLDS.acquire(api.args)
+    try:
+        yield
+    finally:
+        HOLDS.release(api.args)
+
+
+@contextlib.contextmanager
 def for_run(run, route: Route, device):
     """Around one sampling run (hooks.py's OUTER_SAMPLE wrapper): see the module docstring."""
     api = find() if route != Route.FALLBACK else None
@@ -116,7 +128,9 @@ def for_run(run, route: Route, device):
         return
     if not run.may_skip:
         log.info("GCache: ComfyUI's memory compiler stays on for this run (every step computes); the tensors GCache "
-                 "keeps across steps are made outside its recording (pause_malloc_graph).")
+                 "keeps across steps are made outside its recording (pause_malloc_graph), and the self-check's one "
+                 "replayed call runs with the compiler off.")
+        run.off_for_call = lambda: _off(api)  # the self-check's replay skips the blocks the compiler recorded
         yield
         return
     HOLDS.acquire(api.args)

@@ -13,6 +13,7 @@ model_options, which ModelPatcher.clone copies (0.3.64) or shares between clones
 """
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 import threading
@@ -105,6 +106,8 @@ class RunState:
         self.alloc_context: Optional[Callable] = None  # where the caches make what they keep (memory_compiler.py)
         self.uncached: set = set()  # patch signatures of calls that left the stack unpaired: they compute
         self.selfcheck = None       # a run that computes every step: its self-check of the skip path (selfcheck.py)
+        self.off_for_call: Callable = contextlib.nullcontext  # around a call that skips in a run that may not
+        #                                                       (the self-check's replay; memory_compiler.py)
         self._lanes: dict = {}        # "main", or the device of ComfyUI's MultiGPU CFG split -> lane
         self._by_thread: dict = {}    # thread id -> the lane of its current call
         self._lock = threading.Lock()
@@ -182,11 +185,16 @@ class RunState:
         with self._lock:
             new = ln.patches not in self.uncached
             self.uncached.add(ln.patches)
-        if new:
-            log.warning("GCache: a model call%s entered the block stack through GCache's first block but did not leave "
-                        "it through GCache's last block (another node replaced that block's patch for the call); "
-                        "calls like it compute every step for the rest of this run.",
-                        f" with other block patches ({ln.patches})" if ln.patches else "")
+        if new and ln.patches:
+            log.warning("GCache: a model call with other block patches (%s) entered the block stack through GCache's "
+                        "first block but did not leave it through GCache's last block (another node replaced that "
+                        "block's patch for the call); calls like it compute every step for the rest of this run.",
+                        ln.patches)
+        elif new:  # a plain call: the model's own loop skipped GCache's last patch (a changed ComfyUI)
+            log.warning("GCache: a model call entered the block stack through GCache's first block but did not leave "
+                        "it through GCache's last block: this model's block loop did not call the patch GCache set on "
+                        "its last block; every call computes for the rest of this run. Please report this model and "
+                        "ComfyUI version.")
 
     def disable(self, reason: str) -> None:
         """Stop caching for the rest of this run (every step computes), loudly, instead of failing the prompt."""

@@ -24,6 +24,9 @@ from ...core.replay import ReplayBroken
 from ...core.selfcheck import Outcome, conclude, replay_error, tolerance
 from .adapters import Adapter, Route, block_slots
 
+UNPAIRED = ("the block stack was entered but never left through GCache's patches (its last block's patch was never "
+            "called)")
+
 PATCHES = __name__.rsplit(".", 1)[0]  # the package of GCache's block patches (runtime.py): "ours" in patches_replace
 
 
@@ -62,12 +65,20 @@ class RunCheck:
         if topts.get("multigpu_thread_device") is not None:
             self.skipped.append("ComfyUI's MultiGPU CFG split runs this call in a thread of its own device")
             return executor(*args, **kwargs)
+        if ln.through:  # an earlier call like it entered the stack and never left it through GCache's last block
+            if ln.patches:
+                self.skipped.append("calls with another node's block patches left the block stack unpaired")
+            else:
+                self.problems.append(UNPAIRED)
+            return executor(*args, **kwargs)
         cache = ln.cache
         cache.hold()
         try:  # from here on the cache holds this call's residuals: released whatever happens
             out = executor(*args, **kwargs)
             try:
-                self._judge(self._replay(ln, executor, args, kwargs, out, topts),
+                with run.off_for_call():  # the replay skips blocks a memory compiler recorded (memory_compiler.py)
+                    shown = self._replay(ln, executor, args, kwargs, out, topts)
+                self._judge(shown,
                             self._foreign(topts if foreign_options is None else foreign_options))
             except Exception as e:  # noqa: BLE001  a fault of the check itself: said, never the prompt's failure
                 self.skipped.append(f"the self-check itself failed ({type(e).__name__}: {e})")
@@ -110,8 +121,7 @@ class RunCheck:
         if count.held_entries == 0:  # replayed all the same: the blocks' runs are counted, the error measured
             problems.append("GCache's block patches were never called: the model's own loop ran the blocks")
         elif count.held == 0:
-            return ["the block stack was entered but never left through GCache's patches (its last block's patch "
-                    "was never called)"], None
+            return [UNPAIRED], None
         dm = getattr(getattr(executor, "class_obj", None), "diffusion_model", None)
         slots = block_slots(self.adapter, dm) if dm is not None else []
         calls = [0]

@@ -161,7 +161,9 @@ def test_runs_that_compute_every_step_keep_the_compiler_and_allocate_outside_it(
     path = str(tmp_path / "p.profile.safetensors")
     with caplog.at_level("INFO", logger="gcache"):
         profiled = ksample(recorded(hooks.patch_model(m, profile_mode.profile_config(m, path)), standin), pos, neg, lat)
-    assert standin.flags == [False] * N and standin.recorded == N
+    # the compiler on for every step's forward; off for the self-check's one replayed call (its stack is skipped)
+    assert standin.flags == [False] * N + [True] and standin.recorded == N
+    assert comfy.cli_args.args.disable_comfy_compiler is False  # and back on after that call
     assert "memory compiler stays on for this run (every step computes)" in caplog.text
     assert (sum(standin.survivors) == 0) == pause, standin.survivors
     assert (standin.pauses > 0) == pause

@@ -167,11 +167,16 @@ def audio_left_out(monkeypatch):
     monkeypatch.setattr(streams, "put_image", put_video)
 
 
-def single_blocks_unpatched(patched):
-    """A loop that stops asking for the single blocks' patches (it runs them itself): the stack is never left."""
-    dit = patched.model_options["transformer_options"]["patches_replace"]["dit"]
-    for key in [k for k in dit if k[0] == "single_block"]:
-        del dit[key]
+def single_blocks_unpatched(monkeypatch):
+    """A loop that stops asking for the single blocks' patches (it runs them itself; as if ComfyUI renamed the key its
+    loop asks for): GCache patches a key the loop never asks for, and the stack is never left. (Deleting GCache's
+    entries from the patched model would not do: GCache puts its own patch back into any call that lacks it.)"""
+    from gcache.nodes.patching import adapters
+    flux = next(a for a in adapters.ADAPTERS if a.name == "flux")
+    renamed = tuple(dataclasses.replace(st, key="single_block_renamed") if st.key == "single_block" else st
+                    for st in flux.stacks)
+    monkeypatch.setattr(adapters, "ADAPTERS", tuple(dataclasses.replace(a, stacks=renamed) if a is flux else a
+                                                    for a in adapters.ADAPTERS))
 
 
 def no_block_patched(patched):
@@ -185,7 +190,7 @@ CONTROLS = {
     "in_place": ("ltxv", in_place, None, "the skip path's output differs from the computed step's", True),
     "text_left_out": ("flux", text_left_out, None, "the skip path's output differs from the computed step's", True),
     "audio_left_out": ("ltx2", audio_left_out, None, "the skip path's output differs from the computed step's", True),
-    "single_blocks_unpatched": ("flux", None, single_blocks_unpatched, "entered but never left", False),
+    "single_blocks_unpatched": ("flux", single_blocks_unpatched, None, "entered but never left", False),
     "no_block_patched": ("flux", None, no_block_patched, "GCache's block patches were never called", True),
 }
 
