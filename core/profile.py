@@ -255,7 +255,7 @@ class Profile:
             meta = _read_st_metadata(data)
         except (SafetensorError, ValueError, json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
             raise GCacheError(f"{source} is not a readable safetensors profile ({e}); the file is truncated or "
-                              "damaged. Delete it and profile again.") from None
+                              "damaged.", "Delete it and profile again.") from None
         if meta.get("format") != PROFILE_FORMAT:
             raise GCacheError(f"{source} is not a GCache profile (metadata 'format' is {meta.get('format')!r}).")
         if meta.get("version") not in READABLE_VERSIONS:
@@ -269,17 +269,17 @@ class Profile:
             arrays = {k: tensors[k].double().numpy() for k in _TENSORS}
             opt = {k: tensors[k].double().numpy() if k in tensors else None for k in _OPTIONAL}
         except (KeyError, ValueError, json.JSONDecodeError) as e:
-            raise GCacheError(f"{source} is damaged (missing or bad {e}); delete it and profile again.") from None
+            raise GCacheError(f"{source} is damaged (missing or bad {e}).", "Delete it and profile again.") from None
         shapes_ok = arrays["e_sum"].shape == (n, n) and all(arrays[k].shape == (n,) for k in _TENSORS[1:]) \
             and all(a is None or (a.shape == shape(n) and np.all(np.isfinite(a)))
                     for a, shape in zip(opt.values(), _OPTIONAL.values())) \
             and all(opt[k] is None or not np.any(opt[k] < 0) for k in ("e1_sum", "fit_sq_sum")) \
             and (opt["gram_sum"] is None or not np.any(np.diagonal(opt["gram_sum"]) < 0))  # mean δ_i² ≥ 0
         if not shapes_ok or count < 0 or not 1 <= e_def <= E_DEFINITION:
-            raise GCacheError(f"{source} is inconsistent (its arrays do not match n_steps={n}); delete it and "
-                              "profile again.")
+            raise GCacheError(f"{source} is inconsistent (its arrays do not match n_steps={n}).",
+                              "Delete it and profile again.")
         if not all(np.all(np.isfinite(a)) for a in arrays.values()):
-            raise GCacheError(f"{source} contains NaN/Inf values; delete it and profile again.")
+            raise GCacheError(f"{source} contains NaN/Inf values.", "Delete it and profile again.")
         runs = extra.get("runs", 0) if isinstance(extra, dict) else None
         keys = extra.get("sample_keys", []) if isinstance(extra, dict) else None
         sums = (arrays["e_sum"], arrays["delta_norm_sum"], arrays["rel_delta_sum"], arrays["rel_h_sum"])
@@ -288,7 +288,7 @@ class Profile:
                 or any(np.any(a < 0) for a in sums) or np.any(np.diag(arrays["e_sum"]) != 0) \
                 or (count == 0 and any(np.any(a != 0) for a in sums)):
             raise GCacheError(f"{source} is inconsistent (bad metadata, negative or non-zero-diagonal errors, or sums "
-                              "without samples): it was edited or damaged. Delete it and profile again.")
+                              "without samples): it was edited or damaged.", "Delete it and profile again.")
         check_io_meta(extra, source)
         return cls(n, arrays["e_sum"], count, arrays["delta_norm_sum"], arrays["rel_delta_sum"],
                    arrays["rel_h_sum"], arrays["times"], arrays["sigmas"], extra, **opt, e_definition=e_def)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from comfy_api.latest import ComfyExtension, io
 
 from .apply_node import GCacheApply
-from .comfy_common import all_folders, register_folder
+from .comfy_common import all_folders, register_folder, shown_folders
 from .policy_node import GCachePolicy
 from .profile_node import GCacheLoadProfile, GCacheProfile
 from .search_jobs import background
@@ -20,7 +20,7 @@ def _set_up() -> None:
     if not _SET_UP:
         _SET_UP.append(True)
         register_folder()
-        background.register_routes(all_folders)
+        background.register_routes(all_folders, shown_folders)
 
 
 class GCacheExtension(ComfyExtension):
