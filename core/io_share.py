@@ -72,8 +72,8 @@ def check_meta(meta: Mapping, source: str) -> None:
     """A profile's io metadata as written by GCache, or a clear error (the file was edited or damaged)."""
     runs = meta.get("io_runs")
     if runs is not None and not (isinstance(runs, list) and all(_valid_run(r) for r in runs)):
-        raise GCacheError(f"{source} has damaged io timings (metadata 'io_runs': each run needs q1 ≤ median ≤ q3 in "
-                          "[0, 1] and a step count): it was edited or damaged.", "Delete it and profile again.")
+        raise GCacheError(f"{source} has damaged io timings (metadata 'io_runs': each run needs q1 ≤ median ≤ q3 "
+                          "in [0, 1] and a step count): it was edited or damaged.", "Delete it and profile again.")
 
 
 def runs_of(meta: Mapping) -> list[dict]:

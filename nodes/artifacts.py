@@ -156,10 +156,10 @@ def save_searched(path: str, policy: Policy) -> Kept:
     """Saves a searched policy where GCache Apply (auto) looks for it (AutoName.searched_path: one file per model,
     step count, scheduler and K), unless the file holds a better one: a search never silently replaces a better
     searched policy. The file's policy is kept when it was measured on the same seeds and reference images with the
-    same objective (differs) and its loss is not higher; replaced when this one's is lower or it came from the same
-    search; moved aside (renamed ….replaced-<n>.json beside it, still in Apply's list) when the two were measured on
-    other references, whose losses don't compare: the latest search is then the one auto applies. Under the file's
-    lock, so that two searches finishing at once both compare with what the other saved."""
+    same objective (differs) and its loss is not higher (a search resumed with a larger budget too); replaced when
+    this one's is lower; moved aside (renamed ….replaced-<n>.json beside it, still in Apply's list) when the two
+    were measured on other references, whose losses don't compare: the latest search is then the one auto applies.
+    Under the file's lock, so that two searches finishing at once both compare with what the other saved."""
     name = os.path.basename(path)
     with exclusive(path):
         old, note = None, ""
@@ -169,7 +169,7 @@ def save_searched(path: str, policy: Policy) -> Kept:
             except GCacheError as e:
                 note = f"the policy there can't be read ({e.problem.rstrip('.')}): it was moved to " \
                        f"{os.path.basename(set_aside(path))}"
-        if old is not None and old.provenance.get("state") != policy.provenance.get("state"):
+        if old is not None:
             other = differs(old, policy)
             new_loss, old_loss = policy.metrics.get("loss"), old.metrics.get("loss")
             if not other and old_loss <= new_loss:
@@ -180,9 +180,9 @@ def save_searched(path: str, policy: Policy) -> Kept:
                 note = f"it replaces the policy an earlier search saved there: on the same seeds and reference " \
                        f"images its loss {new_loss:.6g} is lower than that one's {old_loss:.6g}"
             else:
+                aside = os.path.basename(set_aside(path, "replaced"))
                 note = f"the policy an earlier search saved there was measured on another {', '.join(other)}, so " \
-                       f"the two losses don't compare: it was moved to {os.path.basename(set_aside(path, 'replaced'))}" \
-                       " (pick it in policy_file to apply it)"
+                       f"the two losses don't compare: it was moved to {aside} (pick it in policy_file to apply it)"
         policy.save(path)
     return Kept(policy, True, note)
 

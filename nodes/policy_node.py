@@ -26,7 +26,8 @@ def parse_s(text: str) -> list[float]:
     try:
         return [float(v) for v in text.replace(";", ",").split(",") if v.strip()]
     except ValueError:
-        raise GCacheError(f"bernstein_s must be numbers separated by commas (e.g. '2, 1, 0.5, 0'), got {quoted(text)}.") from None
+        raise GCacheError(f"bernstein_s must be numbers separated by commas (e.g. '2, 1, 0.5, 0'), got "
+                          f"{quoted(text)}.") from None
 
 
 def budget_k(profile, budget: str, k: int, speedup: float) -> int:
