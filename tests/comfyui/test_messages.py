@@ -14,6 +14,7 @@ from conftest import COMFY, REASON
 if not COMFY:
     pytest.skip(REASON, allow_module_level=True)
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import nodes as comfy_nodes  # noqa: E402
@@ -457,3 +458,34 @@ def test_auto_says_what_it_saved_and_applies_as_the_files_hold_it(flux, gcache_d
     assert f"GCache: computed {pol.n_computed}/{pol.n_steps} steps" in caplog.text
     if pol.forecast != "reuse":
         assert f"forecast {pol.forecast}, " in caplog.text and "without its parameters" not in caplog.text
+
+
+# ------------------------------------------------------------------------------ numbers in tooltips
+def test_the_tooltips_numbers_come_from_the_code():
+    """The Profile tooltip once said "forecast 1 or 2" and "N³ numbers"; GCache Search's execute defaulted mode to
+    foreground where the widget says background, unexplained."""
+    import inspect
+    from gcache.core import forecasters
+    from gcache.core.profile import _OPTIONAL
+    from gcache.nodes import profile_node, search_node
+    tips = {i.id: i.tooltip for i in GCacheProfile.define_schema().inputs}
+    # what record_forecast adds, counted from the profile's own arrays: 3·N³ and a lower order term
+    for n in (10, 30, 50):
+        numbers = sum(int(np.prod(shape(n))) for shape in _OPTIONAL.values())
+        assert 3 * n ** 3 <= numbers <= 3 * n ** 3 + 4 * n ** 2
+    assert f"about {profile_node.FORECAST_NUMBERS} numbers for N steps" in tips["record_forecast"] and \
+        profile_node.FORECAST_NUMBERS == "3·N³"
+    forecasting = [forecasters.get(n).label for n in forecasters.names() if forecasters.get(n).forecasts]
+    assert f"need it for forecast {', '.join(forecasting[:-1])} or {forecasting[-1]}." in tips["record_forecast"]
+    assert "1 or 2" not in tips["record_forecast"]
+    apply_tip = {i.id: i.tooltip for i in GCacheApply.define_schema().inputs}["forecast"]
+    keeps = {n: forecasters.get(n).keeps for n in ("linear", "quadratic", "l2p")}
+    assert f"from the last {keeps['linear']} (linear) or {keeps['quadratic']} (quadratic) computed steps" in apply_tip
+    assert f"over the last {keeps['l2p']} (l2p)" in apply_tip
+    policy_tip = {i.id: i.tooltip for i in GCachePolicy.define_schema().inputs}["forecast"]
+    assert f"over the last {keeps['l2p']} residuals (l2p)" in policy_tip
+    # Search: the widget's default is background, a prompt without the input runs in the foreground, said in both
+    mode = next(i for i in GCacheSearch.define_schema().inputs if i.id == "mode")
+    assert mode.default == "background" and search_node.MODE_WITHOUT_INPUT == "foreground"
+    assert inspect.signature(GCacheSearch.execute).parameters["mode"].default == "foreground"
+    assert "API prompts without this input run in the foreground" in mode.tooltip
