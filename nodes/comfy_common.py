@@ -25,10 +25,10 @@ NO_FILE = "(none)"
 AUTO = "(auto)"
 # combo label → forecaster (core/forecasters: each says its label; the labels of saved workflows stay valid)
 FORECAST = {forecasters.get(n).label: n for n in forecasters.names()}
-# An input for experts: `advanced=True` where this ComfyUI's inputs take it (0.33; its frontend folds such inputs
-# under "Show advanced", as it does 4 of EasyCache's 5), nothing where they don't (0.3.64 has no such argument).
 # the forecasters that forecast (all but reuse): what a profile recorded with record_forecast is for
 FORECASTING = [label for label, name in FORECAST.items() if forecasters.get(name).forecasts]
+# An input for experts: `advanced=True` where this ComfyUI's inputs take it (0.33; its frontend folds such inputs
+# under "Show advanced", as it does 4 of EasyCache's 5), nothing where they don't (0.3.64 has no such argument).
 ADVANCED = {"advanced": True} if "advanced" in inspect.signature(io.Input.__init__).parameters else {}
 
 
