@@ -202,18 +202,18 @@ def test_the_client_that_queued_the_search_sees_its_progress_on_the_node_in_ever
         pid = _post(server["url"] + "/prompt", {"prompt": search_prompt("progress", "background", seeds=seeds),
                                                 "client_id": ws.client_id})["prompt_id"]
         wait_for(server, "progress", lambda s: s.get("status") == "done", "finished")
-        for _ in range(3000):  # the last slice's events reach the websocket: its "done" comes after its progress
-            if any(d["id"] == "progress" and d["status"] == "done" for d in ws.of("gcache.search")):
+        idle(server)  # the last slice has ended: every slice is in ComfyUI's history
+        slices = set(slices_of(server, "progress"))
+        for _ in range(3000):  # and every slice's events have reached this client: its end is the last of them
+            if slices <= {d.get("prompt_id") for d in ws.of("execution_success")}:
                 break
             time.sleep(0.01)
         else:
-            pytest.fail("the websocket never got the search's end")
+            pytest.fail(f"the websocket never got the end of every slice: {slices}")
     events = [(e["type"], e["data"]) for e in ws.events if e.get("type") in ("progress", "gcache.search")]
     refs = [d for t, d in events if t == "progress" and d["prompt_id"] == pid]
     assert refs and all(d["node"] == "6" and d["max"] == seeds for d in refs), refs
     assert refs[-1]["value"] == seeds and [d["value"] for d in refs] == sorted(d["value"] for d in refs)
-    slices = {h["prompt"][1] for h in _get(server["url"] + "/history?max_items=1000").values()
-              if json.dumps(h["prompt"][2]).count('"gcache_slice": "progress"')}
     evaluations, seen, last = None, set(), 0
     for kind, d in events:
         if kind == "gcache.search" and d["id"] == "progress":
