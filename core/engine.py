@@ -93,23 +93,23 @@ class CacheStats:
         profile's own snapshot and recording out of the step); empty when the stack was not timed."""
         return step_shares(self.step_seconds, self.stack_seconds, self.record_seconds)
 
-    def step_medians(self) -> Optional[tuple[float, float, int, int, bool]]:
-        """(median computed step, median skipped step, how many of each, whether the last step counts) in seconds,
-        over the steps between the first (warm-up) and the last (it ends with the run, without a next step's model
-        input); the last counts too when no computed step lies between (K = 2 computes the first and the last).
-        None without a computed and a skipped step."""
-        timed = sorted(s for s in self.step_seconds if s is not None)
-        for steps, last in ((timed[1:-1], False), (timed[1:], True)):
-            comp = [self.step_seconds[s] for s in steps if self.decided.get(s) is True]
-            skip = [self.step_seconds[s] for s in steps if self.decided.get(s) is False]
-            if comp and skip:
-                return statistics.median(comp), statistics.median(skip), len(comp), len(skip), last
+    def step_medians(self) -> Optional[tuple[float, float, int, int]]:
+        """(median computed step, median skipped step, how many of each) in seconds, over the steps between the first
+        (warm-up) and the last; None without a computed and a skipped step there. The last step is never one of them:
+        it ends with the run, without a next step's model call, so it is shorter than the others, and as the only
+        computed step timed (K = 2 computing the first and the last) it made the measured speed-up low."""
+        steps = sorted(s for s in self.step_seconds if s is not None)[1:-1]
+        comp = [self.step_seconds[s] for s in steps if self.decided.get(s) is True]
+        skip = [self.step_seconds[s] for s in steps if self.decided.get(s) is False]
+        if comp and skip:
+            return statistics.median(comp), statistics.median(skip), len(comp), len(skip)
         return None
 
     def measured_speedup(self) -> Optional[float]:
-        """N / (K + (N − K)·r), r = median skipped step / median computed step of this run's own timings (steps
-        after the first, step_medians): the speed-up over computing every step at this run's step costs. 1.0 when
-        every step computed; None when too few steps were timed."""
+        """N / (K + (N − K)·r), r = median skipped step / median computed step of this run's own timings (the steps
+        between the first and the last, step_medians): the speed-up over computing every step at this run's step
+        costs. 1.0 when every step computed; None when too few steps were timed. One run's figure, from its own few
+        computed steps: it strays further than the predicted range (core/io_share.py) does."""
         n, k = self.computed_steps + self.skipped_steps, self.computed_steps
         if n and k == n and self.step_seconds:
             return 1.0
@@ -119,16 +119,17 @@ class CacheStats:
         return n / (k + (n - k) * m[1] / m[0])
 
     def describe_measured(self) -> str:
-        """'measured 1.80× (medians of 2 computed and 8 skipped steps, first and last left out)', or why not."""
+        """'measured 1.80× (this run's steps: medians of 2 computed and 8 skipped, first and last left out)', or why
+        not."""
         ms = self.measured_speedup()
         if ms is None:
-            return "measured: too few steps timed (a computed and a skipped one after the first)" \
+            return "measured: too few steps timed (a computed and a skipped one between the first and the last)" \
                 if self.step_seconds and self.skipped_steps else ""
         m = self.step_medians()
         if m is None:
             return f"measured {ms:.2f}× (every step computed)"
-        return f"measured {ms:.2f}× (medians of {m[2]} computed and {m[3]} skipped steps, " \
-               f"{'the first' if m[4] else 'first and last'} left out)"
+        return f"measured {ms:.2f}× (this run's steps: medians of {m[2]} computed and {m[3]} skipped, first and " \
+               "last left out)"
 
 
 class ResidualCache:

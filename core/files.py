@@ -7,6 +7,7 @@ import time
 from typing import Optional
 
 from .errors import GCacheError
+from .user_text import quoted
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._ -]{0,127}$")
 
@@ -21,7 +22,7 @@ def safe_name(name: str, what: str = "name") -> str:
     name = name.strip()
     if "/" in name or "\\" in name or name in (".", "..") or ".." in name or not _SAFE_NAME.match(name):
         raise GCacheError(
-            f"The {what} {name!r} cannot be used as a file name: use letters, digits, '.', '_', '-' or spaces "
+            f"The {what} {quoted(name)} cannot be used as a file name: use letters, digits, '.', '_', '-' or spaces "
             "(no path separators, no '..', at most 128 characters)."
         )
     return name

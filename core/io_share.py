@@ -9,10 +9,12 @@ in its metadata ("io_runs"), and merging profiles concatenates them.
 
 A profile's io share is the median of its runs' medians (medians twice: a burst of load on a shared machine, a
 recording that stalls a step, moves neither). Its range is the interquartile range of the steps (the median over
-runs of each run's first and third quartile), widened to every run's median: profiling once, it says how far one
-step strays from the typical one (half of it is about 1.7 standard errors of a median of 10 steps, 2.8 of 28: wide on
-purpose); profiling again, that it also holds what the other runs gave. Profiles from before per-step timing hold
-one timed total ("io_time": seconds in the stack and in whole steps): their share has no range. Profiles with
+runs of each run's first and third quartile), widened to every run's median: the io shares of the profiled steps'
+middle half, and of every profiled run. The predicted speed-up's range is the prediction at the range's two ends, and
+the log lines say so ("at the io shares of the profiled steps' middle half"). It is a range of the profile's steps,
+not a bound on the speed-up one Apply run measures: that figure rests on the run's own few computed steps (one or two
+at small K), so it strays further than the profiled steps' middle half does. Profiles from before per-step timing
+hold one timed total ("io_time": seconds in the stack and in whole steps): their share has no range. Profiles with
 neither carry the parameter-count estimate they were made with ("io_share"): no range either, said so.
 """
 from __future__ import annotations
@@ -70,8 +72,8 @@ def check_meta(meta: Mapping, source: str) -> None:
     """A profile's io metadata as written by GCache, or a clear error (the file was edited or damaged)."""
     runs = meta.get("io_runs")
     if runs is not None and not (isinstance(runs, list) and all(_valid_run(r) for r in runs)):
-        raise GCacheError(f"{source} has damaged io timings (metadata 'io_runs': each run needs q1 ≤ median ≤ q3 in "
-                          "[0, 1] and a step count): it was edited or damaged. Delete it and profile again.")
+        raise GCacheError(f"{source} has damaged io timings (metadata 'io_runs': each run needs q1 ≤ median ≤ q3 "
+                          "in [0, 1] and a step count): it was edited or damaged.", "Delete it and profile again.")
 
 
 def runs_of(meta: Mapping) -> list[dict]:
@@ -160,10 +162,18 @@ class IoShare:
         mid, lo, hi = self.speedup(n_steps, n_computed)
         return f"{mid:.2f}×" if lo is None else f"{mid:.2f}× ({lo:.2f}–{hi:.2f})"
 
+    def range_meaning(self) -> str:
+        """What the range is a range of (module docstring), as the log lines say it."""
+        return "at the io shares of the profiled steps' middle half" + \
+            (" and of every profiled run" if self.runs > 1 else "")
+
     def describe_speedup(self, n_steps: int, n_computed: int) -> str:
-        """'predicted 2.40× (2.31–2.52)', or 'predicted 2.40× (no range: why)'."""
-        text = self.speedup_text(n_steps, n_computed)
-        return f"predicted {text}" if self.has_range else f"predicted {text} (no range: {self.why_no_range()})"
+        """'predicted 2.40× (2.31–2.52 at the io shares of the profiled steps' middle half)', or
+        'predicted 2.40× (no range: why)'."""
+        mid, lo, hi = self.speedup(n_steps, n_computed)
+        if lo is None:
+            return f"predicted {mid:.2f}× (no range: {self.why_no_range()})"
+        return f"predicted {mid:.2f}× ({lo:.2f}–{hi:.2f} {self.range_meaning()})"
 
     def describe(self) -> str:
         """'io share 0.033 (0.026–0.039, 3 profiled runs)'."""

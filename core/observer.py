@@ -5,12 +5,12 @@ ResidualCache (engine.py) is the skip engine only. A profile run records every c
 steps too, for the measured speed-up): both are observers the run plugs in, `ResidualCache(mask, observers=(...))`.
 
 Why observers of the one engine, not a separate "profiling stack" with the engine's interface: a profile must
-attribute calls exactly as Apply does (DESIGN.md "Steps": one function), so recording reuses the engine's step
-attribution, its split of a call into branches, its shape checks and its statistics instead of a copy of them; and
-an observed engine may still skip (the engine's oracle tests record under a mask). For its observers the engine
-keeps two duties: it calls them at fixed points of its timeline (below), and when one of them reads h it snapshots
-h as it entered and forms δ as a tensor of its own on every computed step (DESIGN.md "Residual": some families'
-blocks write into their input).
+attribute calls exactly as Apply does (one step-attribution function for both: docs/nodes.md, "How the nodes hook
+into ComfyUI"), so recording reuses the engine's step attribution, its split of a call into branches, its shape
+checks and its statistics instead of a copy of them; and an observed engine may still skip (the engine's oracle tests
+record under a mask). For its observers the engine keeps two duties: it calls them at fixed points of its timeline
+(below), and when one of them reads h it snapshots h as it entered and forms δ as a tensor of its own on every
+computed step (some families' blocks write into their input: LTXV's `x +=`, Chroma's `addcmul_`; engine.py enter).
 
 Timeline of one stack entry at a known step (no hook runs for a call without a step):
     on_enter(step, h)             first thing in enter(), before the engine's decision and its snapshot of h

@@ -215,7 +215,7 @@ class Policy:
         except GCacheError as e:
             raise GCacheError(f"{source}: {e}") from None
         except (KeyError, TypeError, ValueError) as e:
-            raise GCacheError(f"{source} is damaged ({e!r}); run GCache Search again or restore a backup.") from None
+            raise GCacheError(f"{source} is damaged ({e!r}).", "Run GCache Search again or restore a backup.") from None
         for key, val in (("n_steps", pol.n_steps), ("k", pol.n_computed)):
             if key in d and d[key] != val:
                 raise GCacheError(f"{source} says {key}={d[key]} but its mask has {val}: the file was edited "
@@ -228,7 +228,7 @@ class Policy:
             d = json.loads(text)
         except json.JSONDecodeError as e:
             raise GCacheError(f"{source} is not valid JSON ({e.msg} at line {e.lineno}); the file is truncated or "
-                              "was edited by hand. Restore it or run GCache Search again.") from None
+                              "was edited by hand.", "Restore it or run GCache Search again.") from None
         except RecursionError:
             raise GCacheError(f"{source} is not a GCache policy (absurdly nested JSON).") from None
         return cls.from_dict(d, source)

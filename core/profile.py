@@ -261,7 +261,7 @@ class Profile:
             meta = _read_st_metadata(data)
         except (SafetensorError, ValueError, json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
             raise GCacheError(f"{source} is not a readable safetensors profile ({e}); the file is truncated or "
-                              "damaged. Delete it and profile again.") from None
+                              "damaged.", "Delete it and profile again.") from None
         if meta.get("format") != PROFILE_FORMAT:
             raise GCacheError(f"{source} is not a GCache profile (metadata 'format' is {meta.get('format')!r}).")
         if meta.get("version") not in READABLE_VERSIONS:
@@ -276,16 +276,16 @@ class Profile:
             specs = {name: t for stat in profile_stats.registered() for name, t in stat.tensors.items()}
             opt = {k: tensors[k].double().numpy() for k in specs if k in tensors}
         except (KeyError, ValueError, json.JSONDecodeError) as e:
-            raise GCacheError(f"{source} is damaged (missing or bad {e}); delete it and profile again.") from None
+            raise GCacheError(f"{source} is damaged (missing or bad {e}).", "Delete it and profile again.") from None
         shapes_ok = arrays["e_sum"].shape == (n, n) and all(arrays[k].shape == (n,) for k in _TENSORS[1:]) \
             and all(a.shape == specs[k].shape(n) and np.all(np.isfinite(a)) and (specs[k].check is None or
                                                                                  specs[k].check(a))
                     for k, a in opt.items())
         if not shapes_ok or count < 0 or not 1 <= e_def <= E_DEFINITION:
-            raise GCacheError(f"{source} is inconsistent (its arrays do not match n_steps={n}); delete it and "
-                              "profile again.")
+            raise GCacheError(f"{source} is inconsistent (its arrays do not match n_steps={n}).",
+                              "Delete it and profile again.")
         if not all(np.all(np.isfinite(a)) for a in arrays.values()):
-            raise GCacheError(f"{source} contains NaN/Inf values; delete it and profile again.")
+            raise GCacheError(f"{source} contains NaN/Inf values.", "Delete it and profile again.")
         runs = extra.get("runs", 0) if isinstance(extra, dict) else None
         keys = extra.get("sample_keys", []) if isinstance(extra, dict) else None
         sums = (arrays["e_sum"], arrays["delta_norm_sum"], arrays["rel_delta_sum"], arrays["rel_h_sum"])
@@ -294,7 +294,7 @@ class Profile:
                 or any(np.any(a < 0) for a in sums) or np.any(np.diag(arrays["e_sum"]) != 0) \
                 or (count == 0 and any(np.any(a != 0) for a in sums)):
             raise GCacheError(f"{source} is inconsistent (bad metadata, negative or non-zero-diagonal errors, or sums "
-                              "without samples): it was edited or damaged. Delete it and profile again.")
+                              "without samples): it was edited or damaged.", "Delete it and profile again.")
         check_io_meta(extra, source)
         return cls(n, arrays["e_sum"], count, arrays["delta_norm_sum"], arrays["rel_delta_sum"],
                    arrays["rel_h_sum"], arrays["times"], arrays["sigmas"], extra, opt, e_definition=e_def)

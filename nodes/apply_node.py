@@ -32,10 +32,10 @@ class GCacheApply(io.ComfyNode):
                                        "(GCache Policy or GCache Search). Ignored when a policy is connected."),
                 io.Combo.Input("cache_device", options=list(CACHE_DEVICES), default="model device",
                                tooltip="Where cached residuals live: the model's device (fastest) or CPU (saves "
-                                       "GPU memory, costs a copy per skipped step)."),
+                                       "GPU memory, costs a copy per skipped step).", **cc.ADVANCED),
                 io.Combo.Input("step_mismatch", options=list(STEP_MISMATCH), default="remap",
                                tooltip="When the sampler runs another step count than the policy was made for: "
-                                       "remap the policy by normalized time, or stop with an error."),
+                                       "remap the policy by normalized time, or stop with an error.", **cc.ADVANCED),
                 io.Float.Input("auto_speedup", default=2.0, min=1.0, max=20.0, step=0.1, round=0.01, optional=True,
                                tooltip="(auto) only: the target speed-up; K is the fewest computed steps whose "
                                        "predicted speed-up does not exceed it. A policy GCache Search found for this "
@@ -44,14 +44,16 @@ class GCacheApply(io.ComfyNode):
                                        "still run."),
                 io.Combo.Input("forecast", options=["policy's"] + list(cc.FORECAST), default="policy's", optional=True,
                                tooltip="On skipped steps: the policy's choice ((auto): the forecaster its profile "
-                                       "says is best), reuse the last residual, forecast it from the last 2 (linear) "
-                                       "or 3 (quadratic) computed steps, with coefficients fitted to the profile "
-                                       "(fitted), or with least-squares weights over the last 4 (l2p); fitted and "
-                                       "l2p need a policy made for them. Each kept residual costs one more "
-                                       "latent-sized tensor per branch."),
+                                       "says is best), reuse the last residual, forecast it from the last "
+                                       f"{cc.keeps('linear')} (linear) or {cc.keeps('quadratic')} (quadratic) computed "
+                                       "steps, with coefficients fitted to the profile (fitted), or with least-squares "
+                                       f"weights over the last {cc.keeps('l2p')} (l2p); fitted and l2p need a policy "
+                                       "made for them. Each kept residual costs one more latent-sized tensor per "
+                                       "branch.", **cc.ADVANCED),
                 io.String.Input("policy_json", default="", multiline=True, optional=True,
                                 tooltip="A policy as JSON text (what a policy file holds), for API clients such as the "
-                                        "cluster search's ComfyUI workers; overrides policy_file. Empty: unused."),
+                                        "cluster search's ComfyUI workers; overrides policy_file. Empty: unused.",
+                                **cc.ADVANCED),
                 cc.PolicySocket.Input("policy", optional=True,
                                       tooltip="A policy from GCache Policy or GCache Search; overrides policy_file."),
             ],
@@ -59,6 +61,7 @@ class GCacheApply(io.ComfyNode):
         )
 
     @classmethod
+    @cc.shown_to_user
     def execute(cls, model, policy_file, cache_device, step_mismatch, auto_speedup=2.0, forecast="policy's",
                 policy_json="", policy=None) -> io.NodeOutput:
         # Combo values are checked here, not in a validate_inputs: ComfyUI reports a validate_inputs message under

@@ -61,8 +61,8 @@ def read_policy(path: str) -> Policy:
     try:
         return Policy.load(path)
     except UnicodeDecodeError:  # core reads text; a binary file is not a policy
-        raise GCacheError(f"{os.path.basename(path)} is not a GCache policy (not UTF-8 JSON): pick another file "
-                          "or run GCache Search again.") from None
+        raise GCacheError(f"{os.path.basename(path)} is not a GCache policy (not UTF-8 JSON).",
+                          "Pick another file or run GCache Search again.") from None
 
 
 def load_profile_opt(path: str) -> Optional[Profile]:
@@ -127,6 +127,67 @@ class AutoName:
         head, tail = f"auto_{self.model}-{self.key}_", f"steps_{self.scheduler}_{self.speedup:g}x{POLICY_SUFFIX}"
         return sorted(int(f[len(head):-len(tail)]) for f in files
                       if f.startswith(head) and f.endswith(tail) and f[len(head):-len(tail)].isdigit())
+
+
+# What a searched policy's loss was measured on (GCache Search's provenance, nodes/search_jobs/job.py): two searched
+# policies whose provenance agrees on these and whose objective is the same were compared with the same reference
+# images on the same seeds, so the lower loss is the better policy. What a message calls each when they differ.
+SAME_REFERENCES = {"model": "model", "seeds": "seeds", "inputs": "conditioning, latent or LoRAs", "steps": "steps",
+                   "cfg": "cfg", "sampler": "sampler", "scheduler": "scheduler", "latent_shape": "latent size"}
+
+
+def differs(a: Policy, b: Policy) -> list[str]:
+    """What differs between the measurements of two searched policies (empty: their losses compare)."""
+    out = [word for key, word in SAME_REFERENCES.items()
+           if key not in a.provenance or a.provenance.get(key) != b.provenance.get(key)]
+    if a.metrics.get("objective") != b.metrics.get("objective"):
+        out.append("objective")
+    if not all(isinstance(p.metrics.get("loss"), (int, float)) for p in (a, b)):
+        out.append("loss (one has none)")
+    return out
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What save_searched did: the policy now in the file (auto applies it) and what the log says about it."""
+    policy: Policy
+    ours: bool  # the file holds the new policy
+    note: str   # "" or what happened to what was there before
+
+
+def save_searched(path: str, policy: Policy) -> Kept:
+    """Saves a searched policy where GCache Apply (auto) looks for it (AutoName.searched_path: one file per model,
+    step count, scheduler and K), unless the file holds a better one: a search never silently replaces a better
+    searched policy. The file's policy is kept when it was measured on the same seeds and reference images with the
+    same objective (differs) and its loss is not higher (a search resumed with a larger budget too); replaced when
+    this one's is lower; moved aside (renamed ….replaced-<n>.json beside it, still in Apply's list) when the two
+    were measured on other references, whose losses don't compare: the latest search is then the one auto applies.
+    Under the file's lock, so that two searches finishing at once both compare with what the other saved."""
+    name = os.path.basename(path)
+    with exclusive(path):
+        old, note = None, ""
+        if os.path.isfile(path):
+            try:
+                old = read_policy(path)
+            except GCacheError as e:
+                note = f"the policy there can't be read ({e.problem.rstrip('.')}): it was moved to " \
+                       f"{os.path.basename(set_aside(path))}"
+        if old is not None:
+            other = differs(old, policy)
+            new_loss, old_loss = policy.metrics.get("loss"), old.metrics.get("loss")
+            if not other and old_loss <= new_loss:
+                return Kept(old, False, f"kept the policy an earlier search saved as {name}: on the same seeds and "
+                                        f"reference images its loss {old_loss:.6g} is not higher than this search's "
+                                        f"{new_loss:.6g}")
+            if not other:
+                note = f"it replaces the policy an earlier search saved there: on the same seeds and reference " \
+                       f"images its loss {new_loss:.6g} is lower than that one's {old_loss:.6g}"
+            else:
+                aside = os.path.basename(set_aside(path, "replaced"))
+                note = f"the policy an earlier search saved there was measured on another {', '.join(other)}, so " \
+                       f"the two losses don't compare: it was moved to {aside} (pick it in policy_file to apply it)"
+        policy.save(path)
+    return Kept(policy, True, note)
 
 
 def set_aside(path: str, tag: str = "damaged") -> str:

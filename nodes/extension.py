@@ -4,7 +4,7 @@ from __future__ import annotations
 from comfy_api.latest import ComfyExtension, io
 
 from .apply_node import GCacheApply
-from .comfy_common import all_folders, register_folder
+from .comfy_common import all_folders, register_folder, shown_folders
 from .patching import family_paths
 from .policy_node import GCachePolicy
 from .profile_node import GCacheLoadProfile, GCacheProfile
@@ -23,7 +23,7 @@ def _set_up() -> None:
         _SET_UP.append(True)
         family_paths.check()  # the family table's classes this ComfyUI lacks: left out, one log line
         register_folder()
-        background.register_routes(all_folders)
+        background.register_routes(all_folders, shown_folders)
 
 
 class GCacheExtension(ComfyExtension):

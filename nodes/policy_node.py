@@ -10,6 +10,7 @@ from comfy_api.latest import io
 from ..core.errors import GCacheError
 from ..core.files import safe_name
 from ..core.policy import Policy, check_budget, few_computed, k_for_speedup, out_of_reach
+from ..core.user_text import quoted
 from ..core.verdicts import checks_of, failed, stamp
 from ..search.error_models import DEFAULT as DEFAULT_ERROR_MODEL, ERROR_MODELS
 from ..search.instant import METHODS, instant_policy, propagation_weights
@@ -27,7 +28,8 @@ def parse_s(text: str) -> list[float]:
     try:
         return [float(v) for v in text.replace(";", ",").split(",") if v.strip()]
     except ValueError:
-        raise GCacheError(f"bernstein_s must be numbers separated by commas (e.g. '2, 1, 0.5, 0'), got {text!r}.") from None
+        raise GCacheError(f"bernstein_s must be numbers separated by commas (e.g. '2, 1, 0.5, 0'), got "
+                          f"{quoted(text)}.") from None
 
 
 def budget_k(profile, budget: str, k: int, speedup: float) -> int:
@@ -83,20 +85,22 @@ class GCachePolicy(io.ComfyNode):
                 io.Int.Input("k", default=10, min=1, max=1000, tooltip="Steps that compute the block stack (budget = K)."),
                 io.Combo.Input("method", options=list(METHODS), default="theory",
                                tooltip="theory: the paper's Theorem 3.3 weight (default); local: every error counts the "
-                                       "same; bernstein: w(t; s) with the coefficients below."),
+                                       "same; bernstein: w(t; s) with the coefficients below.", **cc.ADVANCED),
                 io.String.Input("bernstein_s", default="2, 1, 0.5, 0",
-                                tooltip="Bernstein coefficients s for method = bernstein (degree = count − 1)."),
+                                tooltip="Bernstein coefficients s for method = bernstein (degree = count − 1).",
+                                **cc.ADVANCED),
                 io.Combo.Input("forecast", options=list(cc.FORECAST), default="reuse (0)", optional=True,
                                tooltip="Skipped steps reuse the residual, or forecast it linearly, quadratically, "
                                        "with coefficients fitted to the profile, or with least-squares weights over "
-                                       "the last four residuals (l2p); the mask is then chosen for that forecaster "
-                                       "(needs a profile recorded with record_forecast)."),
+                                       f"the last {cc.keeps('l2p')} residuals (l2p); the mask is then chosen for that "
+                                       "forecaster (needs a profile recorded with record_forecast)."),
                 io.Combo.Input("error_model", options=list(ERROR_MODELS), default=DEFAULT_ERROR_MODEL, optional=True,
                                tooltip="The errors the DP weighs: mean_abs, the forecaster's mean |error| (default); "
                                        "rms, its exact RMS error; ls_rms, the error of the best least-squares "
                                        "forecast from the last two computed residuals (rms and ls_rms need a profile "
                                        "recorded with record_forecast); reuse_abs, the reuse mask, applied with the "
-                                       "forecaster. They can pick different masks; GCache Search measures each."),
+                                       "forecaster. They can pick different masks; GCache Search measures each.",
+                               **cc.ADVANCED),
                 io.String.Input("save_name", default="",
                                 tooltip="Save as models/gcache/<name>.json for GCache Apply's list (empty: not saved)."),
             ],
@@ -105,6 +109,7 @@ class GCachePolicy(io.ComfyNode):
         )
 
     @classmethod
+    @cc.shown_to_user
     def execute(cls, profile, budget, speedup, k, method, bernstein_s, save_name, forecast="reuse (0)",
                 error_model=DEFAULT_ERROR_MODEL) -> io.NodeOutput:
         cc.check_choice("budget", budget, BUDGETS)

@@ -17,6 +17,9 @@ from .modes.profile import profile_config
 from .patching import companions, hooks
 
 log = logging.getLogger("gcache")
+# what record_forecast adds to a profile for N steps (core/profile.py's optional arrays: E1 N³, the fit statistics
+# 2·N³ + 4·N²); tests/comfyui/test_messages.py counts them
+FORECAST_NUMBERS = "3·N³"
 
 
 class GCacheProfile(io.ComfyNode):
@@ -34,10 +37,12 @@ class GCacheProfile(io.ComfyNode):
                                         "one name per model, step count and scheduler."),
                 io.Combo.Input("history_device", options=list(CACHE_DEVICES), default="model device",
                                tooltip="Where the run's residual history (steps × latent tokens) is kept while "
-                                       "sampling: CPU saves GPU memory on long videos."),
+                                       "sampling: CPU saves GPU memory on long videos.", **cc.ADVANCED),
                 io.Boolean.Input("record_forecast", default=False, optional=True,
-                                 tooltip="Also record the errors of forecasting the residual (E1, N³ numbers), which "
-                                         "forecast policies (GCache Policy/Search with forecast 1 or 2) need."),
+                                 tooltip="Also record what forecasting the residual needs (E1 and the fit statistics, "
+                                         f"about {FORECAST_NUMBERS} numbers for N steps): GCache Policy, and GCache "
+                                         "Search given this profile, need it for forecast "
+                                         f"{', '.join(cc.FORECASTING[:-1])} or {cc.FORECASTING[-1]}."),
             ],
             outputs=[io.Model.Output(tooltip="Connect to your sampler; every finished run is added to the profile.")],
         )
@@ -51,10 +56,11 @@ class GCacheProfile(io.ComfyNode):
         try:
             cc.check_choice("history_device", history_device, list(CACHE_DEVICES))
         except GCacheError as e:
-            return str(e)
+            return cc.for_the_browser(str(e))
         return True
 
     @classmethod
+    @cc.shown_to_user
     def execute(cls, model, profile_name, history_device, record_forecast=False) -> io.NodeOutput:
         cc.check_choice("history_device", history_device, list(CACHE_DEVICES))
         path = artifacts.profile_path(cc.folder(), profile_name)
@@ -89,6 +95,7 @@ class GCacheLoadProfile(io.ComfyNode):
             return profile
 
     @classmethod
+    @cc.shown_to_user
     def execute(cls, profile) -> io.NodeOutput:
         prof = Profile.load(cc.find_file(profile + artifacts.PROFILE_SUFFIX))
         if prof.defect:  # shown, but GCache Policy and GCache Search refuse it

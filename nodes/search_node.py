@@ -28,6 +28,9 @@ from .search_jobs.job import NothingToSearch, SearchJob, run_slice
 
 log = logging.getLogger("gcache")
 MODES = ("background", "foreground")
+# mode when a prompt has no mode input (API prompts written before it existed): they ran the whole search in the
+# foreground, and still do; the widget's default, what the frontend sends, is background
+MODE_WITHOUT_INPUT = "foreground"
 
 
 class GCacheSearch(io.ComfyNode):
@@ -66,7 +69,7 @@ class GCacheSearch(io.ComfyNode):
                                      "at least 20 for degree 3 (23 when forecasting); after the GP-LCB phase, local "
                                      "moves of the best mask get half of the rest. The paper uses 500."),
                 io.Int.Input("degree", default=3, min=1, max=4,
-                             tooltip="Degree of the Bernstein polynomial w(t; s) (the paper uses 3)."),
+                             tooltip="Degree of the Bernstein polynomial w(t; s) (the paper uses 3).", **cc.ADVANCED),
                 io.Combo.Input("objective", options=list(OBJECTIVES), default="lpips_ssim",
                                tooltip="Loss vs. the full run: LPIPS + (1 − SSIM) (the paper's; torchvision's AlexNet, "
                                        "233 MB, is downloaded on first use), 1 − SSIM, or −PSNR (no weights)."),
@@ -75,16 +78,17 @@ class GCacheSearch(io.ComfyNode):
                                        "from reuse masks). With a profile-fitted one, the chosen mask is also tried "
                                        "under the other profile-fitted forecaster and the policy takes the better. "
                                        "Forecasting records the reference runs' forecast errors too (a connected "
-                                       "profile needs them)."),
+                                       "profile needs them).", **cc.ADVANCED),
                 io.String.Input("policy_name", default="my_policy",
                                 tooltip="Saved as models/gcache/<name>.json; <name>.search.json keeps the state."),
                 io.Combo.Input("mode", options=list(MODES), default="background", optional=True,
                                tooltip="background: return at once and search in slices queued behind your own "
                                        "prompts (ComfyUI stays usable); foreground: search until done inside this "
-                                       "prompt (API prompts that predate this input run in the foreground)."),
+                                       f"prompt (API prompts without this input run in the {MODE_WITHOUT_INPUT}).",
+                               **cc.ADVANCED),
                 io.Int.Input("slice_seconds", default=60, min=1, max=3600, optional=True,
                              tooltip="background: evaluations per slice until this many seconds are spent (at least "
-                                     "one). A prompt you queue meanwhile waits at most one slice."),
+                                     "one). A prompt you queue meanwhile waits at most one slice.", **cc.ADVANCED),
                 cc.ProfileSocket.Input("profile", optional=True,
                                        tooltip="A profile from GCache Load Profile; without one the node profiles "
                                                "its own full-compute reference runs."),
@@ -98,11 +102,13 @@ class GCacheSearch(io.ComfyNode):
         return float("nan")  # never served from ComfyUI's cache: each queue starts, continues or reports the search
 
     @classmethod
+    @cc.shown_to_user
     def execute(cls, model, positive, negative, latent, vae, seed, seeds, steps, cfg, sampler_name, scheduler, k,
-                budget, degree, objective, policy_name, profile=None, forecast="reuse (0)", mode="foreground",
+                budget, degree, objective, policy_name, profile=None, forecast="reuse (0)", mode=MODE_WITHOUT_INPUT,
                 slice_seconds=60) -> io.NodeOutput:
         cc.check_choice("forecast", forecast, list(cc.FORECAST))
         cc.check_choice("mode", mode, MODES)
+        cc.check_choice("objective", objective, OBJECTIVES)  # 0.3.64 passes V3 combo values unchecked
         config = SearchConfig(k=k, degree=degree, budget=budget, seed=seed, objective=objective,
                               forecast=cc.FORECAST[forecast])
         # K and the budget are refused before any sampling, not after the references: the reference runs record the

@@ -210,8 +210,8 @@ def test_summary_reports_counts_and_speedup():
     t = cache.stats.step_seconds  # this run's own steps between the first and the last: step 2 computed, 1, 3, 4 not
     assert sorted(t) == list(range(6))
     ts = sorted([t[1], t[3], t[4]])[1]
-    assert f"measured {6 / (3 + 3 * ts / t[2]):.2f}× (medians of 1 computed and 3 skipped steps, first and last " \
-           "left out)" in line
+    assert f"measured {6 / (3 + 3 * ts / t[2]):.2f}× (this run's steps: medians of 1 computed and 3 skipped, first " \
+           "and last left out)" in line
     # hand-made timings: a slow first step (warm-up) and the last one do not count; medians of the rest
     cache.stats.step_seconds = {0: 9.0, 1: 0.2, 2: 1.0, 3: 0.3, 4: 0.2, 5: 0.4}
     assert cache.stats.measured_speedup() == pytest.approx(6 / (3 + 3 * 0.2))  # = 1.666…
@@ -219,17 +219,18 @@ def test_summary_reports_counts_and_speedup():
     assert cache.stats.measured_speedup() == pytest.approx(6 / 3.6)
     cache.stats.decided = {0: True, 1: False, 2: True, 3: False, 4: False, 5: True}
     cache.stats.step_seconds = {0: 1.0, 1: 0.1, 2: 1.0, 3: 0.3, 4: 0.1, 5: 1.0}
-    assert cache.stats.step_medians() == (1.0, 0.1, 1, 3, False)
-    # no computed step between the first and the last (K = 2): the last one counts, the warm-up step never
+    assert cache.stats.step_medians() == (1.0, 0.1, 1, 3)
+    # no computed step between the first and the last (K = 2): no figure. The last step (no next model call in it)
+    # is shorter than the others: as the only computed one, it once made the measured speed-up low.
     short = ResidualCache([1, 0, 0, 1], observers=(StepClock(),))
     for i in range(4):
         short.set_step(i)
         short.run(torch.ones(1, 2, 2), ["c"], lambda h: h * 3)
     short.close()
     short.stats.step_seconds = {0: 7.0, 1: 0.2, 2: 0.3, 3: 0.8}
-    assert short.stats.step_medians() == (0.8, 0.25, 1, 2, True)
-    assert short.stats.measured_speedup() == pytest.approx(4 / (2 + 2 * 0.25 / 0.8))  # = 4 / 2.625 = 1.524
-    assert "measured 1.52× (medians of 1 computed and 2 skipped steps, the first left out)" in short.summary(0.1)
+    assert short.stats.step_medians() is None and short.stats.measured_speedup() is None
+    assert "measured: too few steps timed (a computed and a skipped one between the first and the last)" in \
+        short.summary(0.1)
     alone = ResidualCache([1, 0], observers=(StepClock(),))  # a skipped step only after the first: nothing to compare it with
     for i in range(2):
         alone.set_step(i)

@@ -130,19 +130,64 @@ def test_merging_in_any_grouping_equals_the_concatenated_runs(triples, data):
 
 
 # ------------------------------------------------------------------------------------------------ the range
+PRINTED = r"predicted ([\d.]+)× \(([\d.]+)–([\d.]+) at the io shares of the profiled steps' middle half(.*)\)"
+
+
 @pytest.mark.parametrize("n, k", [(30, 10), (12, 4), (50, 25)])
 def test_the_printed_range_is_the_prediction_at_the_io_ranges_ends(n, k):
     io = IoShare(0.1, 0.06, 0.17, "measured", 2)
     text = io.describe_speedup(n, k)
-    mid, lo, hi = (float(v) for v in re.fullmatch(r"predicted ([\d.]+)× \(([\d.]+)–([\d.]+)\)", text).groups())
+    mid, lo, hi = (float(v) for v in re.fullmatch(PRINTED, text).groups()[:3])
     assert mid == round(predicted_speedup(n, k, 0.1), 2)
     assert lo == round(predicted_speedup(n, k, 0.17), 2) and hi == round(predicted_speedup(n, k, 0.06), 2)
     m = io.metrics(n, k)
     assert m["predicted_speedup_range"] == [round(predicted_speedup(n, k, 0.17), 3),
                                             round(predicted_speedup(n, k, 0.06), 3)]
     assert m["io_share_range"] == [0.06, 0.17] and m["io_share_source"] == "measured"
-    # what a policy records reads back to the same line (GCache Apply's per-run log)
-    assert IoShare.from_metrics(json.loads(json.dumps(m)), fallback=0.5).describe_speedup(n, k) == text
+    # what a policy records reads back to the same numbers (GCache Apply's per-run log)
+    back = IoShare.from_metrics(json.loads(json.dumps(m)), fallback=0.5).describe_speedup(n, k)
+    assert re.fullmatch(PRINTED, back).groups()[:3] == re.fullmatch(PRINTED, text).groups()[:3]
+
+
+def _quartiles_by_hand(values):
+    """First quartile, median, third quartile: linear between the order statistics at (n − 1)·p."""
+    v = sorted(values)
+
+    def at(p):
+        x = (len(v) - 1) * p
+        i = int(x)
+        return v[i] if i + 1 == len(v) else v[i] + (x - i) * (v[i + 1] - v[i])
+    return at(0.25), at(0.5), at(0.75)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.floats(0.5, 2.0), st.floats(0.05, 0.95), st.floats(0.0, 0.2)),
+                         min_size=4, max_size=12), min_size=1, max_size=4), st.integers(1, 29))
+def test_the_printed_range_is_what_the_log_says_it_is(runs, k):
+    """What the log line says the range is ("at the io shares of the profiled steps' middle half", and of every
+    profiled run), computed independently from the raw step timings of each profiled run: every step's share
+    1 − stack / (step − recording), the first and last step left out, the steps' quartiles per run, then the median
+    over runs of the first and the third quartile, widened to every run's median; the speed-up at the two ends."""
+    n = 30
+    summaries, meds, q1s, q3s = [], [], [], []
+    for steps in runs:  # (step seconds without recording, stack's part of it, recording seconds)
+        step = {i: t + r for i, (t, _, r) in enumerate(steps)}
+        stack = {i: t * f for i, (t, f, _) in enumerate(steps)}
+        rec = {i: r for i, (_, _, r) in enumerate(steps)}
+        shares = [1 - stack[i] / (step[i] - rec[i]) for i in range(1, len(steps) - 1)]
+        q1, med, q3 = _quartiles_by_hand(shares)
+        summaries.append(run_summary(step_shares(step, stack, rec)))
+        meds.append(med), q1s.append(q1), q3s.append(q3)
+    io = IoShare.from_runs(summaries)
+    low = min(_quartiles_by_hand(q1s)[1], min(meds))
+    high = max(_quartiles_by_hand(q3s)[1], max(meds))
+    assert (io.value, io.low, io.high) == pytest.approx((_quartiles_by_hand(meds)[1], low, high), abs=2e-6)
+    text = io.describe_speedup(n, k)
+    mid, lo, hi, more = re.fullmatch(PRINTED, text).groups()
+    assert more == ("" if len(runs) == 1 else " and of every profiled run")
+    by_hand = lambda share: n / (k + (n - k) * share)  # noqa: E731
+    assert abs(float(mid) - by_hand(io.value)) <= 0.005 + 1e-9
+    assert abs(float(lo) - by_hand(high)) <= 0.0051 and abs(float(hi) - by_hand(low)) <= 0.0051
 
 
 # ------------------------------------------------------------------------------------------------ old profiles

@@ -3,6 +3,8 @@ import os
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gcache.core.errors import GCacheError
 from gcache.core.profile import Profile
@@ -109,3 +111,70 @@ def test_a_profile_locked_too_long_is_left_unchanged(tmp_path):
             files.merge_into_file(path, _run_profile(3.0), lock_timeout_s=0.2)
     assert Profile.load(path).count == 1  # the run that could not get the lock was not written
     assert files.merge_into_file(path, _run_profile(3.0)).count == 2  # released: the next one lands
+
+
+# ------------------------------------------------------------------------------ the searched policy auto applies
+def _searched(loss, seeds=(0, 1), state="s1", objective="ssim", steps=6):
+    from gcache.core.policy import Policy
+    prov = {"model": "Flux", "seeds": list(seeds), "inputs": "abc", "steps": steps, "cfg": 1.0, "sampler": "euler",
+            "scheduler": "simple", "latent_shape": [1, 16, 8, 8], "state": state}
+    return Policy([1, 0, 1, 0, 0, 1], method="gcache", provenance=prov, metrics={"loss": loss, "objective": objective})
+
+
+def test_a_searched_policy_never_silently_replaces_a_better_one_on_the_same_seeds(tmp_path):
+    from gcache.core.policy import Policy
+    path = str(tmp_path / "auto_Flux-1234abcd_6steps_simple_K3_searched.json")
+    first = files.save_searched(path, _searched(0.20, state="a"))
+    assert first.ours and first.note == "" and Policy.load(path).metrics["loss"] == 0.20
+    worse = files.save_searched(path, _searched(0.30, state="b"))  # same seeds and references: worse, not saved
+    assert not worse.ours and worse.policy.metrics["loss"] == 0.20 and Policy.load(path).metrics["loss"] == 0.20
+    assert worse.note == "kept the policy an earlier search saved as " \
+        "auto_Flux-1234abcd_6steps_simple_K3_searched.json: on the same seeds and reference images its loss 0.2 is " \
+        "not higher than this search's 0.3"
+    tie = files.save_searched(path, _searched(0.20, state="c"))  # a tie keeps what is there
+    assert not tie.ours and Policy.load(path).provenance["state"] == "a"
+    better = files.save_searched(path, _searched(0.10, state="d"))
+    assert better.ours and Policy.load(path).metrics["loss"] == 0.10
+    assert better.note == "it replaces the policy an earlier search saved there: on the same seeds and reference " \
+        "images its loss 0.1 is lower than that one's 0.2"
+    again = files.save_searched(path, _searched(0.15, state="d"))  # the same search resumed: the lower loss still
+    assert not again.ours and Policy.load(path).metrics["loss"] == 0.10
+    # other seeds (or another objective): the losses don't compare; the earlier one is kept beside, in Apply's list
+    other = files.save_searched(path, _searched(0.50, seeds=(5, 6), state="e"))
+    side = "auto_Flux-1234abcd_6steps_simple_K3_searched.replaced-1.json"
+    assert other.ours and Policy.load(path).metrics["loss"] == 0.50
+    assert other.note == f"the policy an earlier search saved there was measured on another seeds, so the two " \
+        f"losses don't compare: it was moved to {side} (pick it in policy_file to apply it)"
+    assert Policy.load(str(tmp_path / side)).metrics["loss"] == 0.10
+    assert side in files.list_policies(os.listdir(tmp_path))
+    files.save_searched(path, _searched(0.05, seeds=(5, 6), state="f", objective="psnr"))
+    assert (tmp_path / "auto_Flux-1234abcd_6steps_simple_K3_searched.replaced-2.json").is_file()
+    # a damaged file is set aside, not overwritten
+    (tmp_path / "x_K3_searched.json").write_text("{ not json")
+    kept = files.save_searched(str(tmp_path / "x_K3_searched.json"), _searched(0.3))
+    assert kept.ours and kept.note.startswith("the policy there can't be read (x_K3_searched.json is not valid JSON")
+    assert kept.note.endswith("it was moved to x_K3_searched.damaged-1.json")
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.floats(0.0, 1.0), st.integers(0, 3)), min_size=1, max_size=12))
+def test_the_searched_file_holds_the_best_of_the_latest_references(saves):
+    """Against a fold by hand: within one set of references the lowest loss stays (a tie keeps the earlier); another
+    set of references takes the file and the one there is kept beside it."""
+    import tempfile
+    from gcache.core.policy import Policy
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "auto_K3_searched.json")
+        held, moved = None, 0  # (group, loss, search) the file should hold
+        for group, loss, search in saves:
+            # a search's id comes from its config and references (search/state.py): one id, one set of references
+            files.save_searched(path, _searched(loss, seeds=(group,), state=f"g{group}s{search}"))
+            if held is None or held[0] != group:
+                moved += held is not None
+                held = (group, loss, search)
+            elif loss < held[1]:
+                held = (group, loss, search)
+        pol = Policy.load(path)
+        assert (pol.provenance["seeds"], pol.metrics["loss"], pol.provenance["state"]) == \
+            ([held[0]], held[1], f"g{held[0]}s{held[2]}")
+        assert len([f for f in os.listdir(d) if ".replaced-" in f]) == moved

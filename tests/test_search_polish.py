@@ -5,7 +5,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from itertools import combinations
 
 import numpy as np
@@ -232,12 +231,14 @@ def test_killed_in_the_polish_stage_a_search_resumes_to_the_same_end(tmp_path, o
 
 
 def test_a_search_killed_with_sigkill_in_the_polish_stage_resumes_to_the_same_end(tmp_path):
-    """A real kill -9 of a search process while it polishes (the state file is all that survives)."""
+    """A real kill -9 of a search process while it polishes (the state file is all that survives). The process says
+    when it is in its polish stage and then waits in an evaluation, so it is killed there whatever the machine's
+    speed (no timing, no polling of a process that may already have finished)."""
     prof = make_profile()
     full = run_search(prof, SearchConfig(**POLISHED), seeded(prof))
     path = tmp_path / "s.json"
     script = f"""
-import sys, time
+import json, os, sys
 sys.path.insert(0, {os.path.dirname(__file__)!r})
 from gcache.search.bilevel import run_search
 from gcache.search.config import SearchConfig
@@ -245,29 +246,30 @@ from test_search_bilevel import make_profile
 from test_search_polish import POLISHED, seeded
 prof = make_profile()
 ev = seeded(prof)
-def slow(mask):
-    time.sleep(0.3)
+def held(mask):  # the state file holds a polish entry: say so, then wait in this evaluation until killed
+    with open({str(path)!r}) if os.path.exists({str(path)!r}) else open(os.devnull) as f:
+        if any(h["kind"] == "polish" for h in (json.loads(f.read() or "{{}}").get("history") or [])):
+            print("polishing", flush=True)
+            sys.stdin.read()
+            raise SystemExit("stdin closed: the test is gone")
     return ev(mask)
-run_search(prof, SearchConfig(**POLISHED), slow, state_path={str(path)!r})
+run_search(prof, SearchConfig(**POLISHED), held, state_path={str(path)!r})
 """
-    proc = subprocess.Popen([sys.executable, "-c", script], env=dict(os.environ))
+    proc = subprocess.Popen([sys.executable, "-c", script], env=dict(os.environ), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                hist = json.loads(path.read_text())["history"] if path.exists() else []
-            except json.JSONDecodeError:
-                hist = []
-            if any(h["kind"] == "polish" for h in hist):
-                break
-            time.sleep(0.05)
-        else:
-            pytest.fail("the search never reached its polish stage")
+        said = proc.stdout.readline()  # blocks until the process polishes, or ends without having polished
+        if said != "polishing\n":
+            proc.wait(60)
+            pytest.fail(f"the search never reached its polish stage (exit {proc.returncode}): {proc.stderr.read()}")
+        assert proc.poll() is None  # waiting in an evaluation: killed in the middle of its polish stage
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        proc.stdin.close()
     killed = load_state(str(path))
-    assert not killed["done"] and len(killed["history"]) < POLISHED["budget"]
+    assert not killed["done"] and any(h["kind"] == "polish" for h in killed["history"])
+    assert len(killed["history"]) < POLISHED["budget"]
     resumed = run_search(prof, SearchConfig(**POLISHED), seeded(prof), state_path=str(path))
     assert [(h["mask"], h.get("accepted")) for h in resumed.history] == \
         [(h["mask"], h.get("accepted")) for h in full.history]

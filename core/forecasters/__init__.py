@@ -39,6 +39,7 @@ from typing import Optional, Protocol, Sequence, Union
 import numpy as np
 
 from ..errors import GCacheError
+from ..user_text import quoted
 
 
 class Forecaster(Protocol):
@@ -123,14 +124,14 @@ def canonical(name: Union[str, int, None]) -> str:
     if name is None:
         return "reuse"
     if isinstance(name, bool):
-        raise GCacheError(f"A forecaster is a name such as 'linear', got {name!r}.")
+        raise GCacheError(f"A forecaster is a name such as 'linear', got {quoted(name)}.")
     if isinstance(name, int):
         if name not in _ORDERS:
-            raise GCacheError(f"The forecast order must be 0, 1 or 2, got {name!r}.")
+            raise GCacheError(f"The forecast order must be 0, 1 or 2, got {quoted(name)}.")
         return _ORDERS[name]
     _load()
     if name not in _REGISTRY:
-        raise GCacheError(f"Unknown forecaster {name!r}: use one of {', '.join(map(repr, _REGISTRY))}.")
+        raise GCacheError(f"Unknown forecaster {quoted(name)}: use one of {', '.join(map(repr, _REGISTRY))}.")
     return name
 
 

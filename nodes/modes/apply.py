@@ -42,11 +42,16 @@ class ApplyConfig(ModeConfig):
         placement = place_policy(pol, sched, times, self.on_mismatch)
         fc = forecasters.get(pol.forecast if self.forecast is None else self.forecast)
         params = pol.forecast_params if fc.name == pol.forecast and placement.mask == pol.mask else {}
+        # what the run's skipped steps really add, in the words both log lines use
+        how = f"forecast {fc.name}"
         if fc.needs_profile and not params:  # said, not silently forecast another way
             why = f"the policy was made for {pol.forecast}" if fc.name != pol.forecast else "its mask was remapped"
+            # a profile-fitted forecaster's weights() without parameters: the linear forecast of the last two
+            fallback = f"linearly from the last {forecasters.get('linear').keeps} computed steps"
+            how = f"forecast {fc.name} without its parameters ({why}): {fallback}"
             log.warning("GCache: forecast %s has no parameters for this run's mask (%s): its skipped steps forecast "
-                        "linearly. For %s itself, make the policy with it (GCache Policy or Search).", fc.name, why,
-                        fc.name)
+                        "%s. For %s itself, make the policy with it (GCache Policy or Search).", fc.name, why,
+                        fallback, fc.name)
         mask, cache_device = placement.mask, self.cache_device
         share = IoShare.from_metrics(pol.metrics, self.io_share)  # measured by the profile it was made from
 
@@ -54,7 +59,7 @@ class ApplyConfig(ModeConfig):
             self.warn_if_unpatched(run, stats)
             extra = [x for x in (placement.note,
                                  self.adapter.name if self.adapter.route == Route.FALLBACK else "",
-                                 f"forecast {fc.name}, {fc.keeps} residuals kept per branch" if fc.keeps > 1 else "")
+                                 f"{how}, {fc.keeps} residuals kept per branch" if fc.keeps > 1 else "")
                      if x]
             log.info("%s [%s, %s%s]%s", stats.summary(share), self.model_name, sched.where(),
                      "".join(f"; {x}" for x in extra), "" if ok else " (sampling did not finish)")

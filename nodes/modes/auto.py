@@ -145,8 +145,9 @@ class AutoConfig(ModeConfig):
             return None
         try:
             return load(path)
-        except GCacheError as e:
-            notes.append(f"{os.path.basename(path)} can't be read ({e}); {_set_aside(path, 'damaged')}")
+        except GCacheError as e:  # what is wrong, not the advice: what auto does about it follows
+            notes.append(f"{os.path.basename(path)} can't be read ({e.problem.rstrip('.')}); "
+                         f"{_set_aside(path, 'damaged')}")
             return None
 
     def _save(self, pol: Policy, path: str) -> Optional[str]:
@@ -191,11 +192,16 @@ class AutoConfig(ModeConfig):
         if meets:
             # When several meet the target, the one that computes the most steps: the user asked for this speed-up,
             # not for more, and every step computed instead of skipped gives an image closer to the full run.
+            # GCache Search keeps one file per K (artifacts.save_searched: the better of two on the same seeds);
+            # a tie between files named otherwise goes to the first in name order (max keeps the first): the pick
+            # depends on the files only.
             pol, f, io_share, k_most = max(meets, key=lambda m: m[0].n_computed)
+            which = f"; of the {len(meets)} that meet it, the one that computes the most steps" if len(meets) > 1 \
+                else ""
             return pol, (f"applying the policy GCache Search found ({pol.provenance.get('won', 'searched')}, "
                          f"K = {pol.n_computed}, {f}) instead of the instant one: it predicts "
                          f"{IoShare.from_metrics(pol.metrics, io_share).speedup_text(pol.n_steps, pol.n_computed)} "
-                         f"and the {self.speedup:g}x target asks for K ≤ {k_most}")
+                         f"and the {self.speedup:g}x target asks for K ≤ {k_most}{which}")
         if why_not:
             notes.append("not applying the policy GCache Search found: " + "; ".join(why_not))
         return None, ""
@@ -233,8 +239,9 @@ class AutoConfig(ModeConfig):
         if prof is not None and prof.count > 0 and (pol is None or prof.has_fit_stats()):
             made = self.build(name, prof)
             if self.forecast is not None:
-                return made, (f"built for the forecast input ({self.forecast}), not saved, {os.path.basename(path)} "
-                              f"from the saved {os.path.basename(prof_path)}")
+                return made, (f"built the policy for the forecast input ({self.forecast}; K = {made.n_computed} of "
+                              f"{made.n_steps}) from the saved {os.path.basename(prof_path)}, not saved as "
+                              f"{os.path.basename(path)}")
             unsaved = self._save(made, path)
             saved = "" if unsaved is None else f" (not saved: {unsaved})"
             if pol is not None:

@@ -20,6 +20,7 @@ import comfy.samplers
 
 from ...core.engine import CacheStats
 from ...core.errors import GCacheError
+from ...core.user_text import quoted
 from ..patching.adapters import Adapter, Route, choose_adapter, estimated_io_share
 from ..patching.runtime import RunState
 from ..patching.steps import Schedule, ScheduleCatalog, StepTracker, model_time, normalized_times, place_run
@@ -55,7 +56,7 @@ def where_run(patcher, run_sigmas: list[float], policy_sigmas, is_own_tail) -> t
 
 def check_step_mismatch(on_mismatch: str) -> None:
     if on_mismatch not in STEP_MISMATCH:
-        raise GCacheError(f"step_mismatch must be one of {', '.join(STEP_MISMATCH)}, got {on_mismatch!r}.")
+        raise GCacheError(f"step_mismatch must be one of {', '.join(STEP_MISMATCH)}, got {quoted(on_mismatch)}.")
 
 
 @dataclass

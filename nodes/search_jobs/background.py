@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import threading
 import time
 import urllib.error
@@ -30,6 +29,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ...core.user_text import without_server_paths
 from ..artifacts import POLICY_SUFFIX, STATE_SUFFIX
 
 log = logging.getLogger("gcache")
@@ -147,11 +147,12 @@ def _policy_loss(path: str, search: Optional[str]) -> Optional[float]:
 
 
 def file_names(text: str) -> str:
-    """`text` with every absolute path shortened to its last part: the tab names files, never server folders."""
-    return _ABSOLUTE.sub(lambda m: m.group(1), text)
+    """`text` as the tab shows it: files by their names in the gcache folder, never server paths
+    (core/user_text.py; the folders' names come from register_routes)."""
+    return without_server_paths(text, _SHOWN_FOLDERS[0]())
 
 
-_ABSOLUTE = re.compile(r"(?<![\w.:/\\])(?:[A-Za-z]:)?(?:[/\\]+[^\s/\\'\"()<>,;]+)*[/\\]+([^\s/\\'\"()<>,;]+)")
+_SHOWN_FOLDERS = [lambda: {}]  # the gcache folders → how a message names them (set by register_routes)
 
 
 JOBS = Jobs()
@@ -229,8 +230,10 @@ def queue_prompt(prompt: dict, client_id: Optional[str] = None) -> str:
 
 
 # ------------------------------------------------------------------------------------------- routes
-def register_routes(folders) -> None:
-    """GET /gcache/searches, POST /gcache/searches/{id}/cancel (added once, when the extension loads)."""
+def register_routes(folders, shown_folders=lambda: {}) -> None:
+    """GET /gcache/searches, POST /gcache/searches/{id}/cancel (added once, when the extension loads); `folders()`:
+    the gcache folders, `shown_folders()`: how a message names each (file_names)."""
+    _SHOWN_FOLDERS[0] = shown_folders
     try:
         from aiohttp import web
         from server import PromptServer

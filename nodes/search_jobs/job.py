@@ -201,9 +201,16 @@ class SearchJob:
             name = auto_name(self.model, sigmas)
             if name is not None:
                 path = name.searched_path(self.folder, policy.n_computed)
-                policy.save(path)
-                log.info("GCache Search: GCache Apply (auto) on this model, %d steps and %s applies it (%s) %s.",
-                         self.steps, self.scheduler, os.path.basename(path), _auto_takes(policy))
+                kept = artifacts.save_searched(path, policy)  # never silently over a better searched policy
+                if kept.ours:
+                    log.info("GCache Search: GCache Apply (auto) on this model, %d steps and %s applies it (%s) %s%s.",
+                             self.steps, self.scheduler, os.path.basename(path), _auto_takes(policy),
+                             f"; {kept.note}" if kept.note else "")
+                else:
+                    log.info("GCache Search: %s, so GCache Apply (auto) on this model, %d steps and %s goes on "
+                             "applying that one %s; this search's policy is %s.", kept.note, self.steps,
+                             self.scheduler, _auto_takes(kept.policy), os.path.basename(artifacts.policy_path(
+                                 self.folder, self.name)))
         except (GCacheError, OSError, RuntimeError) as e:  # the search's own policy is saved: say, don't fail
             why = (e.strerror or e) if isinstance(e, OSError) else e  # an OSError's text repeats a server path
             log.warning("GCache Search: could not save the policy for GCache Apply (auto) too (%s).", why)
@@ -237,7 +244,10 @@ def _auto_takes(policy: Policy) -> str:
     as many steps or more (AutoConfig.searched), i.e. any target below the predicted speed-up of one step less."""
     if policy.n_computed <= 1:
         return "at any auto_speedup"
-    io_share = float(policy.metrics["io_share"])
+    io_share = policy.metrics.get("io_share")
+    if not isinstance(io_share, (int, float)) or not 0 <= io_share < 1:  # a searched file from before io shares
+        return "wherever auto's own policy would compute as many steps or more"
+    io_share = float(io_share)
     return (f"at any auto_speedup below {predicted_speedup(policy.n_steps, policy.n_computed - 1, io_share):.2f}x "
             f"(where auto's own policy would compute K = {policy.n_computed} steps or more)")
 

@@ -124,3 +124,42 @@ def test_the_forecast_input_skips_a_searched_policy_of_another_forecaster_and_sa
     _, runs, text = auto(flux, caplog, 2.0, "linear (1)")
     assert "_K2_searched.json (K = 2) forecasts with reuse; the forecast input asks for linear" in text
     assert runs == N  # no auto profile yet: this run profiles
+
+
+def test_a_search_never_silently_replaces_a_better_searched_policy(flux, gcache_dir, caplog):
+    """Every search at one K wrote the same auto_…_K<K>_searched.json, and the last to finish replaced the earlier
+    one even when it was worse. On the same seeds and references the lower loss stays; a search on other seeds takes
+    the file and the earlier one is kept beside it; each time the log says which one auto applies."""
+    from gcache_test_pack import FakeVAE
+    m, pos, neg, lat = flux
+    prof = profile_with_io_share(flux, gcache_dir)
+
+    def search_k3(name, budget, seed=0):
+        caplog.clear()
+        with caplog.at_level("INFO", logger="gcache"):
+            pol = GCacheSearch.execute(m, pos, neg, {"samples": lat}, FakeVAE(), seed, 1, N, 1.0, "euler", "simple",
+                                       3, budget, 2, "ssim", name, profile=prof).result[0]
+        return pol, caplog.text
+    a, _ = search_k3("a", 12)
+    (path,) = gcache_dir.glob("auto_Flux-*_8steps_simple_K3_searched.json")
+    b, text = search_k3("b", 16)  # the same seed and references, another budget
+    best = min((a, b), key=lambda p: p.metrics["loss"])  # a tie keeps the one saved first
+    assert Policy.load(str(path)).metrics["loss"] == best.metrics["loss"]
+    if best is a:
+        assert f"GCache Search: kept the policy an earlier search saved as {path.name}: on the same seeds and " \
+            "reference images its loss" in text and "goes on applying that one" in text
+        assert "this search's policy is b.json" in text
+    else:
+        assert "it replaces the policy an earlier search saved there: on the same seeds and reference images its " \
+            "loss" in text and f"applies it ({path.name})" in text
+    # another seed: the losses don't compare; the latest search takes the file, the earlier one is kept beside it
+    c, text = search_k3("c", 12, seed=5)
+    side = path.name.replace("_searched.json", "_searched.replaced-1.json")
+    assert Policy.load(str(path)).provenance["seeds"] == [5] and Policy.load(str(path)).mask == c.mask
+    assert Policy.load(str(gcache_dir / side)).metrics["loss"] == best.metrics["loss"]
+    assert f"the policy an earlier search saved there was measured on another seeds, so the two losses don't " \
+        f"compare: it was moved to {side}" in text
+    # auto applies what the file holds, and says which
+    out, runs, text = auto(flux, caplog)
+    assert f"applying the policy GCache Search found (" in text and f"K = 3, {path.name})" in text
+    assert runs == 3 and torch.equal(out, applied(flux, c))

@@ -1,6 +1,11 @@
 """GCache Search in the background, in a running ComfyUI server (loopback): slices through ComfyUI's own queue, a user
 prompt queued meanwhile runs before the search ends, the finished search equals the foreground one, Cancel, and a
-server killed mid-search resumes when the node is queued again."""
+server killed mid-search resumes when the node is queued again.
+
+No test depends on the machine's speed: where one needs the search at a known point (running, not finished), it
+holds the search's decodes with a gate file (gcache_test_pack.Gate) and waits until the search waits there; what
+happened in which order is read from ComfyUI's own history, and "nothing more happens" is ComfyUI's queue found
+empty, from which nothing can queue again."""
 import json
 import math
 import os
@@ -16,17 +21,18 @@ if not COMFY:
     pytest.skip(REASON, allow_module_level=True)
 
 from comfy_server import Listener, _get, _post, comfy_server  # noqa: E402
+from gcache_test_pack import Gate  # noqa: E402
 
 BUDGET = 30
 
 
-def search_prompt(name: str, mode: str, slice_seconds: int = 1, seeds: int = 2) -> dict:
+def search_prompt(name: str, mode: str, slice_seconds: int = 1, seeds: int = 2, gate: str = "") -> dict:
     return {
         "1": {"class_type": "GCacheTestTinyFlux", "inputs": {"seed": 0}},
         "2": {"class_type": "GCacheTestCond", "inputs": {"tokens": 6, "dim": 32, "pooled": 24, "seed": 1}},
         "3": {"class_type": "GCacheTestCond", "inputs": {"tokens": 6, "dim": 32, "pooled": 24, "seed": 2}},
         "4": {"class_type": "EmptySD3LatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}},
-        "5": {"class_type": "GCacheTestVAE", "inputs": {}},
+        "5": {"class_type": "GCacheTestVAE", "inputs": {"gate": gate} if gate else {}},
         "6": {"class_type": "GCacheSearch", "inputs": {
             "model": ["1", 0], "positive": ["2", 0], "negative": ["3", 0], "latent": ["4", 0], "vae": ["5", 0],
             "seed": 7, "seeds": seeds, "steps": 12, "cfg": 2.0, "sampler_name": "euler", "scheduler": "simple", "k": 4,
@@ -78,6 +84,50 @@ def policy_file(srv, name) -> dict:
     return json.loads((srv["base"] / "models" / "gcache" / f"{name}.json").read_text())
 
 
+def state_file(srv, name) -> dict:
+    return json.loads((srv["base"] / "models" / "gcache" / f"{name}.search.json").read_text())
+
+
+def gate(srv, name: str, decodes: int) -> Gate:
+    """A gate that lets `decodes` decodes run, then holds the search (the reference runs decode once per seed, then
+    every evaluation once per seed)."""
+    g = Gate(str(srv["base"] / f"gate_{name}"))
+    g.allow(decodes)
+    return g
+
+
+def held(srv, g: Gate, n: int, what: str, timeout=600) -> None:
+    """Waits until the search waits at the gate after exactly n decodes."""
+    for _ in range(int(timeout / 0.05)):
+        if g.held(n):
+            return
+        time.sleep(0.05)
+    pytest.fail(f"the search never waited at its gate {what}: " + srv["log"].read_text()[-3000:])
+
+
+def idle(srv, timeout=600) -> None:
+    """Waits until ComfyUI runs nothing and has nothing queued: from there nothing can queue a slice again (only a
+    running slice queues the next)."""
+    for _ in range(int(timeout / 0.2)):
+        q = _get(srv["url"] + "/queue")
+        if not q.get("queue_running") and not q.get("queue_pending"):
+            return
+        time.sleep(0.2)
+    pytest.fail("ComfyUI's queue never emptied: " + json.dumps(_get(srv["url"] + "/queue"))[:2000])
+
+
+def ran(srv, pid) -> tuple[int, int]:
+    """When ComfyUI started and ended a prompt (its own timestamps, ms)."""
+    msgs = dict((m[0], m[1]) for m in _get(f"{srv['url']}/history/{pid}")[pid]["status"]["messages"])
+    return msgs["execution_start"]["timestamp"], msgs["execution_success"]["timestamp"]
+
+
+def slices_of(srv, name) -> list[str]:
+    """The prompt ids of the search's slices in ComfyUI's history."""
+    return [pid for pid, h in _get(srv["url"] + "/history?max_items=1000").items()
+            if json.dumps(h.get("prompt", [None, None, {}])[2]).count(f'"gcache_slice": "{name}"')]
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     with comfy_server(tmp_path_factory.mktemp("bg_base")) as srv:
@@ -85,23 +135,27 @@ def server(tmp_path_factory):
 
 
 def test_background_search_yields_to_user_prompts_and_equals_the_foreground_one(server):
-    t0 = time.monotonic()
-    pid = queue(server, search_prompt("bg", "background"))
+    g = gate(server, "bg", 2 + 2 * 3)  # the 2 reference runs and 3 sampled evaluations, then the search waits
+    pid = queue(server, search_prompt("bg", "background", gate=g.path))
     h = finished(server, pid)
     assert h["status"]["status_str"] == "success"  # returned after the references, not after the search
-    s = wait_for(server, "bg", lambda s: s.get("evaluations", 0) >= 1, "evaluated")
-    assert s["status"] in ("queued", "running") and s["budget"] == BUDGET
-    # a prompt queued now runs before the search is done: it waits at most one slice
-    user = queue(server, user_prompt(11))
+    held(server, g, 8, "in its 4th sampled evaluation")  # (start masks that coincide are not sampled twice)
+    s = search(server, "bg")
+    assert s["status"] == "running" and 3 <= s["evaluations"] < BUDGET == s["budget"], s
+    time.sleep(1)  # the held slice has run its slice_seconds: it ends with the evaluation it waits in
+    queued_at = time.time() * 1000
+    user = queue(server, user_prompt(11))  # queued while the search is held: it can't have ended
+    g.allow(10 ** 6)
     done_user = finished(server, user)
     assert done_user["status"]["status_str"] == "success"
-    at_user = search(server, "bg")
-    assert at_user["status"] != "done" and at_user["evaluations"] < BUDGET, at_user
     final = wait_for(server, "bg", lambda s: s.get("status") == "done", "finished")
-    assert final["evaluations"] == BUDGET and time.monotonic() - t0 < 600
-    slices = [h for h in _get(server["url"] + "/history?max_items=1000").values()
-              if "gcache_slice" in json.dumps(h.get("prompt", [None, None, {}])[2])]
-    assert len(slices) >= 2  # the search ran as prompts of ComfyUI's own queue
+    assert final["evaluations"] == BUDGET
+    # ComfyUI's own order: the user prompt waited for the one slice that was running, and the search went on after it
+    start, end = ran(server, user)
+    times = sorted(ran(server, p) for p in slices_of(server, "bg"))
+    assert not [t for t in times if queued_at <= t[0] < start], (times, queued_at, start)  # only the held one ran on
+    assert any(t[0] >= end for t in times), (times, end)
+    assert len(times) >= 2  # the search ran as prompts of ComfyUI's own queue
     # the same search in the foreground, under another name: the same policy
     with Listener(server["url"]) as ws:
         fg = _post(server["url"] + "/prompt", {"prompt": search_prompt("fg", "foreground"),
@@ -148,13 +202,18 @@ def test_the_client_that_queued_the_search_sees_its_progress_on_the_node_in_ever
         pid = _post(server["url"] + "/prompt", {"prompt": search_prompt("progress", "background", seeds=seeds),
                                                 "client_id": ws.client_id})["prompt_id"]
         wait_for(server, "progress", lambda s: s.get("status") == "done", "finished")
-        time.sleep(1)  # the last slice's events reach the websocket
+        idle(server)  # the last slice has ended: every slice is in ComfyUI's history
+        slices = set(slices_of(server, "progress"))
+        for _ in range(3000):  # and every slice's events have reached this client: its end is the last of them
+            if slices <= {d.get("prompt_id") for d in ws.of("execution_success")}:
+                break
+            time.sleep(0.01)
+        else:
+            pytest.fail(f"the websocket never got the end of every slice: {slices}")
     events = [(e["type"], e["data"]) for e in ws.events if e.get("type") in ("progress", "gcache.search")]
     refs = [d for t, d in events if t == "progress" and d["prompt_id"] == pid]
     assert refs and all(d["node"] == "6" and d["max"] == seeds for d in refs), refs
     assert refs[-1]["value"] == seeds and [d["value"] for d in refs] == sorted(d["value"] for d in refs)
-    slices = {h["prompt"][1] for h in _get(server["url"] + "/history?max_items=1000").values()
-              if json.dumps(h["prompt"][2]).count('"gcache_slice": "progress"')}
     evaluations, seen, last = None, set(), 0
     for kind, d in events:
         if kind == "gcache.search" and d["id"] == "progress":
@@ -170,49 +229,53 @@ def test_the_client_that_queued_the_search_sees_its_progress_on_the_node_in_ever
 
 
 def test_cancel_ends_the_search_and_keeps_its_state_file(server):
-    pid = queue(server, search_prompt("cancel_me", "background", slice_seconds=1))
-    finished(server, pid)
-    wait_for(server, "cancel_me", lambda s: s.get("evaluations", 0) >= 1, "evaluated")
+    g = gate(server, "cancel_me", 2 + 2)  # the reference runs and one sampled evaluation
+    finished(server, queue(server, search_prompt("cancel_me", "background", slice_seconds=1, gate=g.path)))
+    held(server, g, 4, "in its 2nd sampled evaluation")
     r = _post(server["url"] + "/gcache/searches/cancel_me/cancel", {})
     assert r["status"] == "cancelled"
-    time.sleep(3)  # a slice that was queued runs and does nothing
-    n = search(server, "cancel_me")["evaluations"]
-    time.sleep(2)
-    s = search(server, "cancel_me")
-    assert s["status"] == "cancelled" and s["evaluations"] == n < BUDGET
-    state = server["base"] / "models" / "gcache" / "cancel_me.search.json"
-    assert state.is_file() and not json.loads(state.read_text())["done"]
+    g.allow(10 ** 6)  # the evaluation in progress ends; the slice stops there and queues no next one
+    idle(server)
+    s, state = search(server, "cancel_me"), state_file(server, "cancel_me")
+    assert s["status"] == "cancelled" and s["evaluations"] == len(state["history"]) < BUDGET, s
+    assert not state["done"] and not (server["base"] / "models" / "gcache" / "cancel_me.json").exists()
 
 
 def test_a_foreground_search_is_listed_as_running_and_its_cancel_lets_the_prompt_finish(server):
     """The tab once listed a running foreground search as "not running in this ComfyUI: queue … again"."""
-    pid = queue(server, search_prompt("fg_cancel", "foreground", seeds=4))
-    s = wait_for(server, "fg_cancel", lambda s: s.get("status") == "running" and s.get("evaluations", 0) >= 2,
-                 "ran two evaluations in the foreground")
-    assert s["mode"] == "foreground" and s["message"] == "running in the foreground (this prompt): evaluating", s
+    g = gate(server, "fg_cancel", 4 + 4 * 2)  # 4 reference runs and 2 evaluations of 4 seeds each
+    pid = queue(server, search_prompt("fg_cancel", "foreground", seeds=4, gate=g.path))
+    held(server, g, 12, "in its 3rd sampled evaluation")
+    s = search(server, "fg_cancel")
+    assert s["status"] == "running" and 2 <= s["evaluations"] < BUDGET and s["mode"] == "foreground", s
+    assert s["message"] == "running in the foreground (this prompt): evaluating", s
     assert _post(server["url"] + "/gcache/searches/fg_cancel/cancel", {})["status"] == "cancelled"
+    g.allow(10 ** 6)
     assert finished(server, pid)["status"]["status_str"] == "success"  # the prompt went on with the best so far
     s = search(server, "fg_cancel")
-    state = json.loads((server["base"] / "models" / "gcache" / "fg_cancel.search.json").read_text())
-    assert s["status"] == "cancelled" and s["evaluations"] == len(state["history"]) < BUDGET and not state["done"]
-    assert s["message"].startswith(f"cancelled after {len(state['history'])} of {BUDGET} evaluations"), s
+    state = state_file(server, "fg_cancel")
+    n = len(state["history"])
+    assert s["status"] == "cancelled" and s["evaluations"] == n < BUDGET and not state["done"]
+    assert s["message"].startswith(f"cancelled after {n} of {BUDGET} evaluations"), s
     assert "cancelled after" in server["log"].read_text()
 
 
 def test_a_killed_server_lists_the_search_as_paused_and_resumes_it_when_queued_again(tmp_path_factory):
     base = tmp_path_factory.mktemp("bg_kill")
     with comfy_server(base) as srv:
-        finished(srv, queue(srv, search_prompt("killed", "background", slice_seconds=1)))
-        wait_for(srv, "killed", lambda s: s.get("evaluations", 0) >= 6, "evaluated 6")
+        g = gate(srv, "killed", 2 + 2 * 6)  # the reference runs and 6 sampled evaluations, then it waits
+        finished(srv, queue(srv, search_prompt("killed", "background", slice_seconds=1, gate=g.path)))
+        held(srv, g, 14, "in its 7th sampled evaluation")
         os.kill(srv["proc"].pid, signal.SIGKILL)
         srv["proc"].wait(30)
     state = json.loads((base / "models" / "gcache" / "killed.search.json").read_text())
     done_before = len(state["history"])
-    assert not state["done"] and done_before >= 6
+    assert not state["done"] and 6 <= done_before < BUDGET
+    g.allow(10 ** 6)
     with comfy_server(base, fresh=False) as srv:
         s = search(srv, "killed")
         assert s["status"] == "paused" and s["evaluations"] == done_before and "queue GCache Search again" in s["message"]
-        finished(srv, queue(srv, search_prompt("killed", "background", slice_seconds=1)))
+        finished(srv, queue(srv, search_prompt("killed", "background", slice_seconds=1, gate=g.path)))
         wait_for(srv, "killed", lambda s: s.get("status") == "done", "finished")
         fg = queue(srv, search_prompt("killed_fg", "foreground"))
         assert finished(srv, fg)["status"]["status_str"] == "success"
@@ -223,19 +286,21 @@ def test_a_killed_server_lists_the_search_as_paused_and_resumes_it_when_queued_a
 
 
 def test_interrupt_pauses_the_search_and_queueing_it_again_resumes(server):
-    finished(server, queue(server, search_prompt("interrupt_me", "background", slice_seconds=120, seeds=4)))
-    wait_for(server, "interrupt_me", lambda s: s.get("status") == "running" and s.get("evaluations", 0) >= 2,
-             "ran two evaluations")
-    _post(server["url"] + "/interrupt", {})  # ComfyUI's own Interrupt, mid-slice (often mid-evaluation)
+    g = gate(server, "interrupt_me", 4 + 4 * 2)  # 4 reference runs and 2 evaluations, then it waits in the 3rd
+    finished(server, queue(server, search_prompt("interrupt_me", "background", slice_seconds=120, seeds=4,
+                                                 gate=g.path)))
+    held(server, g, 12, "in its 3rd sampled evaluation")
+    _post(server["url"] + "/interrupt", {})  # ComfyUI's own Interrupt, mid-slice and mid-evaluation
+    g.allow(10 ** 6)
     s = wait_for(server, "interrupt_me", lambda s: s.get("status") not in ("queued", "running"), "stopped")
     assert s["status"] == "paused" and "queue GCache Search again" in s["message"], s
-    assert s["evaluations"] < BUDGET
-    state = json.loads((server["base"] / "models" / "gcache" / "interrupt_me.search.json").read_text())
-    assert not state["done"] and len(state["history"]) >= 2
-    time.sleep(2)
-    assert search(server, "interrupt_me")["status"] == "paused"  # no slice was queued after the Interrupt
-    finished(server, queue(server, search_prompt("interrupt_me", "background", slice_seconds=120, seeds=4)))
+    idle(server)  # nothing runs, nothing is queued: no slice was queued after the Interrupt
+    state = state_file(server, "interrupt_me")
+    assert search(server, "interrupt_me")["status"] == "paused"
+    assert not state["done"] and 2 <= len(state["history"]) < BUDGET
+    finished(server, queue(server, search_prompt("interrupt_me", "background", slice_seconds=120, seeds=4,
+                                                 gate=g.path)))
     final = wait_for(server, "interrupt_me", lambda s: s.get("status") == "done", "finished")
     assert final["evaluations"] == BUDGET
-    resumed = json.loads((server["base"] / "models" / "gcache" / "interrupt_me.search.json").read_text())
+    resumed = state_file(server, "interrupt_me")
     assert resumed["history"][:len(state["history"])] == state["history"]

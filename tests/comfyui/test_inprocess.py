@@ -344,7 +344,8 @@ def test_apply_auto_profiles_once_then_forecasts_with_the_best_instant_policy(bu
     want = instant_policy(prof, k, "theory", forecast="reuse")
     assert torch.equal(reuse_run, ksample(hooks.patch_model(m, apply_mode.apply_config(m, want)), pos, neg, lat,
                                           cfg=3.0))
-    assert "built for the forecast input (reuse), not saved" in caplog.text and visible(gcache_dir) == names
+    assert f"built the policy for the forecast input (reuse; K = {k} of {N}) from the saved " in caplog.text
+    assert ", not saved as auto_" in caplog.text and visible(gcache_dir) == names
     # another batch size keeps the policy; another step count remaps it; neither profiles again
     with BlockCounter(m, family) as c:
         ksample(model, pos, neg, lat.repeat(2, *[1] * (lat.dim() - 1)))

@@ -14,6 +14,7 @@ from conftest import COMFY, REASON
 if not COMFY:
     pytest.skip(REASON, allow_module_level=True)
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import nodes as comfy_nodes  # noqa: E402
@@ -152,10 +153,19 @@ def test_auto_with_the_forecast_input_never_claims_a_policy_file_it_does_not_wri
     assert f"saved {pol_name}" not in caplog.text and "the next run applies it" not in caplog.text
     assert f"built the policy for the forecast input (linear; K = " in caplog.text
     assert f"not saved as {pol_name}; the next run builds it again from the saved {names[0]}." in caplog.text
+    caplog_run1 = caplog.text
     caplog.clear()
     with caplog.at_level("INFO", logger="gcache"), tm.BlockRuns(m) as runs:
         ksample(model, pos, neg, lat)
-    assert f"built for the forecast input (linear), not saved, {pol_name} from the saved {names[0]}" in caplog.text
+    # run 2 says what run 1 said, in the same words (it once read "built for the forecast input (linear), not saved,
+    # auto_…_2x.json from the saved …")
+    said = re.search(r"built the policy for the forecast input \(linear; K = (\d+) of 6\) from the saved (\S+), not "
+                     r"saved as (\S+)$", caplog.text, re.M)
+    assert said and said.group(2) == names[0] and said.group(3) == pol_name, caplog.text
+    assert "not saved, auto_" not in caplog.text
+    first = re.search(r"built the policy for the forecast input \(linear; K = (\d+) of 6, ", caplog_run1)
+    assert first and first.group(1) == said.group(1)  # the K run 1 said, and this run's own line: the K it ran
+    assert f"GCache: computed {said.group(1)}/6 steps" in caplog.text
     assert runs.n < N
     # auto's own policy, and no profile to build one for the forecast input from: that policy, said so
     ksample(GCacheApply.execute(m, "(auto)", "model device", "remap", 2.0).result[0], pos, neg, lat)
@@ -176,8 +186,10 @@ def test_search_in_a_read_only_folder_says_so_before_sampling(flux, gcache_dir, 
     with pytest.raises(GCacheError) as e:
         GCacheSearch.execute(*search_args(flux, "s_ro"))
     msg = str(e.value)
-    assert f"GCache Search can't keep its state file and policy: the gcache folder {gcache_dir} can't be written (" \
-        in msg and "Nothing was sampled" in msg and "extra_model_paths.yaml" in msg and "interrupted" not in msg
+    # the folder by its name, never the server's absolute path (the message reaches the browser)
+    assert f"GCache Search can't keep its state file and policy: the gcache folder {gcache_dir.name} can't be " \
+        "written (" in msg and "Nothing was sampled" in msg and "extra_model_paths.yaml" in msg
+    assert "interrupted" not in msg and str(gcache_dir) not in msg
     assert not os.listdir(gcache_dir)
 
 
@@ -203,8 +215,9 @@ def test_policy_node_in_a_read_only_folder_says_so_and_what_to_do(flux, gcache_d
     with pytest.raises(GCacheError) as e:
         GCachePolicy.execute(prof, "K", 2.0, 3, "theory", "", "mine")
     msg = str(e.value)
-    assert msg.startswith(f"GCache Policy can't save mine.json: the gcache folder {gcache_dir} can't be written (")
+    assert msg.startswith(f"GCache Policy can't save mine.json: the gcache folder {gcache_dir.name} can't be written (")
     assert "; or empty save_name to use the policy without saving it" in msg and ".tmp-" not in msg
+    assert str(gcache_dir) not in msg
     pol = GCachePolicy.execute(prof, "K", 2.0, 3, "theory", "", "").result[0]  # not saved: works
     assert pol.n_computed == 3
 
@@ -214,8 +227,9 @@ def test_profile_node_in_a_read_only_folder_stops_before_sampling(flux, gcache_d
     with pytest.raises(GCacheError) as e:
         GCacheProfile.execute(flux[0], "p", "model device")
     msg = str(e.value)
-    assert msg.startswith(f"GCache Profile can't add runs to p.profile.safetensors: the gcache folder {gcache_dir} "
-                          "can't be written (") and "Nothing was sampled" in msg
+    assert msg.startswith(f"GCache Profile can't add runs to p.profile.safetensors: the gcache folder "
+                          f"{gcache_dir.name} can't be written (") and "Nothing was sampled" in msg
+    assert str(gcache_dir) not in msg
     assert "take GCache Profile out of the workflow to sample without profiling" in msg
 
 
@@ -362,3 +376,116 @@ def test_a_foreground_search_is_listed_as_running_and_cancel_stops_it_with_the_b
     row = next(r for r in background.JOBS.listing([str(gcache_dir)]) if r["id"] == "s_fg")
     assert row["status"] == "done" and row["evaluations"] == 12 and row["message"] == "done: s_fg.json saved"
     assert Policy.load(str(gcache_dir / "s_fg.json")).mask == policy.mask
+
+
+# ------------------------------------------------------------------------------ what an error shows the browser
+def test_errors_cut_long_names_and_name_no_server_path(flux, gcache_dir, monkeypatch):
+    """ComfyUI sends a node's error message to the browser: a 5000-character name was echoed in full, and errors
+    named files by their absolute server paths."""
+    import folder_paths
+    m, pos, neg, lat = flux
+    long = "n" * 5000
+    ksample(GCacheProfile.execute(m, "p", "model device").result[0], pos, neg, lat)
+    prof = Profile.load(str(gcache_dir / "p.profile.safetensors"))
+    calls = {"Search policy_name": lambda: GCacheSearch.execute(*search_args(flux, long)),
+             "Profile profile_name": lambda: GCacheProfile.execute(m, long, "model device"),
+             "Policy save_name": lambda: GCachePolicy.execute(prof, "K", 2.0, 3, "theory", "", long),
+             "Policy bernstein_s": lambda: GCachePolicy.execute(prof, "K", 2.0, 3, "bernstein", long, ""),
+             "Apply policy_file": lambda: GCacheApply.execute(m, long + ".json", "model device", "remap"),
+             "Apply cache_device": lambda: GCacheApply.execute(m, "(auto)", long, "remap"),
+             "Search objective": lambda: GCacheSearch.execute(*search_args(flux, "s")[:14], long, "s")}
+    for what, call in calls.items():
+        with pytest.raises(GCacheError) as e:
+            call()
+        msg = str(e.value)
+        assert "n" * 78 + "…" in msg and "n" * 80 not in msg and len(msg) < 600, (what, msg)
+    # a file named by its absolute path, in a GCacheError or an OSError: by its name in the gcache folder
+    Policy([1, 0, 1, 0, 1, 0]).save(str(gcache_dir / "mine.json"))
+    folder_paths.filename_list_cache.clear()
+    for raised in (GCacheError(f"No policy file at {gcache_dir / 'mine.json'}."),
+                   PermissionError(13, "Permission denied", str(gcache_dir / ".tmp-x1"))):
+        def read(path, raised=raised):
+            raise raised
+        monkeypatch.setattr(artifacts, "read_policy", read)
+        with pytest.raises(type(raised)) as e:
+            GCacheApply.execute(m, "mine.json", "model device", "remap")
+        assert str(gcache_dir) not in str(e.value), str(e.value)
+        assert str(e.value) in ("No policy file at mine.json.", "[Errno 13] Permission denied: '.tmp-x1'")
+
+
+# ------------------------------------------------------------------------------ log lines that agree
+def test_a_remapped_fitted_policy_says_one_thing_about_its_forecast(flux, gcache_dir, caplog):
+    """A fitted policy applied at another step count once logged "its skipped steps forecast linearly" and then, in
+    the run's summary, "forecast fitted"."""
+    import folder_paths
+    m, pos, neg, lat = flux
+    ksample(GCacheProfile.execute(m, "pf", "model device", True).result[0], pos, neg, lat)
+    prof = Profile.load(str(gcache_dir / "pf.profile.safetensors"))
+    GCachePolicy.execute(prof, "K", 2.0, 3, "theory", "", "fit", "fitted (profile)")
+    saved = Policy.load(str(gcache_dir / "fit.json"))
+    assert saved.forecast == "fitted"
+    folder_paths.filename_list_cache.clear()
+    caplog.clear()
+    with caplog.at_level("INFO", logger="gcache"):
+        ksample(GCacheApply.execute(m, "fit.json", "model device", "remap").result[0], pos, neg, lat)
+    own = [r for r in gcache_records(caplog, logging.INFO) if r.startswith("GCache: computed")]
+    assert len(own) == 1 and own[0].endswith("; forecast fitted, 2 residuals kept per branch]"), own
+    assert not gcache_records(caplog)  # its own step count: nothing to warn about
+    caplog.clear()
+    with caplog.at_level("INFO", logger="gcache"):
+        ksample(GCacheApply.execute(m, "fit.json", "model device", "remap").result[0], pos, neg, lat, steps=12)
+    warned, = gcache_records(caplog)
+    line, = [r for r in gcache_records(caplog, logging.INFO) if r.startswith("GCache: computed")]
+    how = "linearly from the last 2 computed steps"
+    assert warned == f"GCache: forecast fitted has no parameters for this run's mask (its mask was remapped): its " \
+        f"skipped steps forecast {how}. For fitted itself, make the policy with it (GCache Policy or Search)."
+    assert line.endswith(f"; forecast fitted without its parameters (its mask was remapped): {how}, 2 residuals kept "
+                         "per branch]"), line
+    assert line.startswith(f"GCache: computed {saved.remap(12).n_computed}/12 steps")
+
+
+def test_auto_says_what_it_saved_and_applies_as_the_files_hold_it(flux, gcache_dir, caplog):
+    m, pos, neg, lat = flux
+    with caplog.at_level("INFO", logger="gcache"):
+        ksample(GCacheApply.execute(m, "(auto)", "model device", "remap", 2.0).result[0], pos, neg, lat)
+    saved = re.search(r"GCache Apply auto: saved (\S+) \(K = (\d+) of (\d+), forecast (\w+), predicted", caplog.text)
+    pol = Policy.load(str(gcache_dir / saved.group(1)))
+    assert (pol.n_computed, pol.n_steps, pol.forecast) == (int(saved.group(2)), int(saved.group(3)), saved.group(4))
+    caplog.clear()
+    with caplog.at_level("INFO", logger="gcache"):
+        ksample(GCacheApply.execute(m, "(auto)", "model device", "remap", 2.0).result[0], pos, neg, lat)
+    assert f"GCache Apply auto: applying {saved.group(1)} (forecast {pol.forecast})" in caplog.text
+    assert f"GCache: computed {pol.n_computed}/{pol.n_steps} steps" in caplog.text
+    if pol.forecast != "reuse":
+        assert f"forecast {pol.forecast}, " in caplog.text and "without its parameters" not in caplog.text
+
+
+# ------------------------------------------------------------------------------ numbers in tooltips
+def test_the_tooltips_numbers_come_from_the_code():
+    """The Profile tooltip once said "forecast 1 or 2" and "N³ numbers"; GCache Search's execute defaulted mode to
+    foreground where the widget says background, unexplained."""
+    import inspect
+    from gcache.core import forecasters
+    from gcache.core.profile import _OPTIONAL
+    from gcache.nodes import profile_node, search_node
+    tips = {i.id: i.tooltip for i in GCacheProfile.define_schema().inputs}
+    # what record_forecast adds, counted from the profile's own arrays: 3·N³ and a lower order term
+    for n in (10, 30, 50):
+        numbers = sum(int(np.prod(shape(n))) for shape in _OPTIONAL.values())
+        assert 3 * n ** 3 <= numbers <= 3 * n ** 3 + 4 * n ** 2
+    assert f"about {profile_node.FORECAST_NUMBERS} numbers for N steps" in tips["record_forecast"] and \
+        profile_node.FORECAST_NUMBERS == "3·N³"
+    forecasting = [forecasters.get(n).label for n in forecasters.names() if forecasters.get(n).forecasts]
+    assert f"need it for forecast {', '.join(forecasting[:-1])} or {forecasting[-1]}." in tips["record_forecast"]
+    assert "1 or 2" not in tips["record_forecast"]
+    apply_tip = {i.id: i.tooltip for i in GCacheApply.define_schema().inputs}["forecast"]
+    keeps = {n: forecasters.get(n).keeps for n in ("linear", "quadratic", "l2p")}
+    assert f"from the last {keeps['linear']} (linear) or {keeps['quadratic']} (quadratic) computed steps" in apply_tip
+    assert f"over the last {keeps['l2p']} (l2p)" in apply_tip
+    policy_tip = {i.id: i.tooltip for i in GCachePolicy.define_schema().inputs}["forecast"]
+    assert f"over the last {keeps['l2p']} residuals (l2p)" in policy_tip
+    # Search: the widget's default is background, a prompt without the input runs in the foreground, said in both
+    mode = next(i for i in GCacheSearch.define_schema().inputs if i.id == "mode")
+    assert mode.default == "background" and search_node.MODE_WITHOUT_INPUT == "foreground"
+    assert inspect.signature(GCacheSearch.execute).parameters["mode"].default == "foreground"
+    assert "API prompts without this input run in the foreground" in mode.tooltip

@@ -241,3 +241,79 @@ def test_bundled_workflow_runs_with_no_gcache_files(server, wf):
     if any(n["class_type"] == "GCacheApply" and n["inputs"].get("policy_file") == "(auto)"
            and "policy" not in n["inputs"] for n in prompt.values()):
         assert any(f.startswith("auto_") and f.endswith(".json") for f in made), made  # auto made its policy
+
+
+# ------------------------------------------------------------------------------ expert inputs, errors in the browser
+EXPERT = {"GCacheApply": {"cache_device", "step_mismatch", "forecast", "policy_json"},
+          "GCacheSearch": {"degree", "forecast", "mode", "slice_seconds"},
+          "GCacheProfile": {"history_device"}, "GCachePolicy": {"method", "bernstein_s", "error_model"},
+          "GCacheLoadProfile": set()}
+
+
+def test_expert_inputs_are_marked_advanced_where_comfyui_supports_it(server):
+    """ComfyUI's frontend folds inputs marked advanced under "Show advanced" (0.33: EasyCache marks 4 of its 5); the
+    basic path (Apply's policy_file and auto_speedup, Search's sampling inputs, K and budget) stays visible."""
+    info = server["info"]
+    marked = {node: {name for g in ("required", "optional") for name, spec in info[node]["input"].get(g, {}).items()
+                     if (spec + [{}])[1].get("advanced")} for node in EXPERT}
+    easycache = [spec for spec in info["EasyCache"]["input"]["required"].values() if (spec + [{}])[1].get("advanced")]
+    if not easycache:  # 0.3.64: its inputs take no `advanced`; GCache passes none there
+        assert marked == {node: set() for node in EXPERT}
+        pytest.skip("this ComfyUI marks no input advanced (EasyCache has none): nothing to fold")
+    assert marked == EXPERT
+    assert {"model", "policy_file", "auto_speedup", "policy"} <= set(info["GCacheApply"]["input_order"]["required"] +
+                                                                     info["GCacheApply"]["input_order"]["optional"])
+    assert not {"policy_file", "auto_speedup", "k", "budget", "steps", "seed", "policy_name"} & \
+        (marked["GCacheApply"] | marked["GCacheSearch"])
+
+
+def _error_of(server, prompt) -> str:
+    """The message of the one execution error a prompt ends with, as ComfyUI sends it to the browser."""
+    pid = _post(server["url"] + "/prompt", {"prompt": prompt, "client_id": uuid.uuid4().hex})["prompt_id"]
+    for _ in range(600):
+        h = _get(f"{server['url']}/history/{pid}").get(pid)
+        if h and h.get("status", {}).get("completed") is not None:
+            errors = [m[1] for m in h["status"]["messages"] if m[0] == "execution_error"]
+            assert len(errors) == 1, h["status"]
+            return errors[0]["exception_message"]
+        time.sleep(0.5)
+    pytest.fail("prompt did not finish: " + server["log"].read_text()[-3000:])
+
+
+def _lock(folder, on: bool) -> None:
+    """A folder nothing can be written in, for real: immutable for root (whom modes don't stop), else by mode."""
+    import subprocess
+    if os.geteuid() == 0:
+        r = subprocess.run(["chattr", "+i" if on else "-i", str(folder)], capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"chattr is not allowed here ({r.stderr.strip()}): no read-only folder for root")
+    else:
+        os.chmod(folder, 0o555 if on else 0o755)
+
+
+def test_an_error_in_the_browser_cuts_a_long_name_and_names_no_server_path(server):
+    from test_background_search import search_prompt
+    prompt = search_prompt("p" * 5000, "foreground")
+    msg = _error_of(server, prompt)
+    assert msg.startswith("The policy name '" + "p" * 78 + "… cannot be used as a file name"), msg
+    assert len(msg) < 400
+    folder = server["base"] / "models" / "gcache"
+    folder.mkdir(parents=True, exist_ok=True)
+    profile = {"1": {"class_type": "GCacheTestTinyFlux", "inputs": {"seed": 0}},
+               "5": {"class_type": "GCacheProfile", "inputs": {"model": ["1", 0], "profile_name": "locked",
+                                                                "history_device": "cpu"}},
+               "6": {"class_type": "GCacheTestCond", "inputs": {"tokens": 6, "dim": 32, "pooled": 24, "seed": 1}},
+               "4": {"class_type": "EmptySD3LatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}},
+               "7": {"class_type": "KSampler", "inputs": {"model": ["5", 0], "seed": 3, "steps": 6, "cfg": 1.0,
+                                                          "sampler_name": "euler", "scheduler": "simple",
+                                                          "positive": ["6", 0], "negative": ["6", 0],
+                                                          "latent_image": ["4", 0], "denoise": 1.0}},
+               "8": {"class_type": "SaveLatent", "inputs": {"samples": ["7", 0], "filename_prefix": "locked"}}}
+    _lock(folder, True)
+    try:
+        msg = _error_of(server, profile)
+    finally:
+        _lock(folder, False)
+    assert msg.startswith("GCache Profile can't add runs to locked.profile.safetensors: the gcache folder "
+                          "models/gcache can't be written ("), msg
+    assert str(server["base"]) not in msg and "/tmp" not in msg
