@@ -466,12 +466,12 @@ def test_the_tooltips_numbers_come_from_the_code():
     foreground where the widget says background, unexplained."""
     import inspect
     from gcache.core import forecasters
-    from gcache.core.profile import _OPTIONAL
+    from gcache.core import profile_stats
     from gcache.nodes import profile_node, search_node
     tips = {i.id: i.tooltip for i in GCacheProfile.define_schema().inputs}
     # what record_forecast adds, counted from the profile's own arrays: 3·N³ and a lower order term
     for n in (10, 30, 50):
-        numbers = sum(int(np.prod(shape(n))) for shape in _OPTIONAL.values())
+        numbers = sum(int(np.prod(t.shape(n))) for stat in profile_stats.registered() for t in stat.tensors.values())
         assert 3 * n ** 3 <= numbers <= 3 * n ** 3 + 4 * n ** 2
     assert f"about {profile_node.FORECAST_NUMBERS} numbers for N steps" in tips["record_forecast"] and \
         profile_node.FORECAST_NUMBERS == "3·N³"
