@@ -32,12 +32,12 @@ def main(argv=None) -> dict:
     import torch
     from ..reference_model.cluster import ReferenceWorker
     from ..reference_model.harness import ReferenceHarness
-    from ..search.bilevel import run_search
+    from ..search.loop import run_search
     from ..search.config import SearchConfig
-    from ..search.cli import parse_seeds
-    from ..search.ray_executor import RayExecutor
-    from ..search.objectives import make_objective, psnr
-    from ..search.parallel import run_search_parallel
+    from ..search.infra.cli import parse_seeds
+    from ..search.infra.ray_executor import RayExecutor
+    from ..search.infra.objectives import make_objective, psnr
+    from ..search.loop import run_batch_search
     torch.set_num_threads(1)
     seeds, held, gp_seeds = parse_seeds(a.search_seeds), parse_seeds(a.eval_seeds), parse_seeds(a.gp_seeds)
     h = ReferenceHarness(a.steps)
@@ -66,7 +66,7 @@ def main(argv=None) -> dict:
     for n, g in enumerate(gp_seeds):  # 1 and 2 workers alternate, so a change in the machine's load hits both
         for w in ((1, 2) if n % 2 == 0 else (2, 1)):
             t0 = time.perf_counter()
-            runs[g][w] = (run_search_parallel(profile, cfg(g), executors[w], q=w), time.perf_counter() - t0)
+            runs[g][w] = (run_batch_search(profile, cfg(g), executors[w], q=w), time.perf_counter() - t0)
     for ex in executors.values():
         ex.close()
     ray.shutdown()

@@ -24,9 +24,9 @@ def main(argv=None, harness_factory=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(ap)
     a = ap.parse_args(argv)
-    from ..search.bilevel import run_search
+    from ..search.loop import run_search
     from ..search.config import SearchConfig
-    from ..search.polish import GUARDS
+    from ..search.paired import GUARDS
     setup = FittedSetup(a, harness_factory)
     profile, evaluate, gp_seeds = setup.profile, setup.evaluate, setup.gp_seeds
 

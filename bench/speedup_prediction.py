@@ -247,7 +247,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--skip-reference", action="store_true", help="only the ComfyUI models (COMFYUI_PATH)")
     a = ap.parse_args(argv)
-    from ..search.cli import set_threads
+    from ..search.infra.cli import set_threads
     set_threads(a.threads)
     load_start = [round(v, 2) for v in os.getloadavg()]
     out = {} if a.skip_reference else {"reference": reference(a.reruns, a.repeats)}

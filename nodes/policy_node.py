@@ -12,7 +12,7 @@ from ..core.files import safe_name
 from ..core.policy import check_budget, few_computed, k_for_speedup, out_of_reach
 from ..search.error_models import DEFAULT as DEFAULT_ERROR_MODEL, ERROR_MODELS
 from ..search.instant import METHODS, instant_policy, propagation_weights
-from ..search.plots import plot_policy
+from ..search.infra.plots import plot_policy
 from . import artifacts
 from . import comfy_common as cc
 

@@ -61,7 +61,7 @@ def make_profile():
 
 
 def main():
-    from gcache.search.bilevel import run_search
+    from gcache.search.loop import run_search
     from gcache.search.config import SearchConfig
     os.makedirs(DATA, exist_ok=True)
     prof = make_profile()

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from gcache.core.errors import GCacheError
-from gcache.search import cli
+from gcache.search.infra import cli
 
 DEMO, SEARCH, CLUSTER = "gcache.reference_model.demo", "gcache.reference_model.search", "gcache.reference_model.cluster"
 # (id, module, arguments, what stderr must say, what it must not say, modules that cannot be imported in that run)

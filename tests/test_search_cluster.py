@@ -8,8 +8,8 @@ ray = pytest.importorskip("ray", reason="Ray is the optional 'cluster' extra: pi
 
 from gcache.search.config import SearchConfig  # noqa: E402
 from gcache.reference_model.cluster import ReferenceWorker  # noqa: E402
-from gcache.search.ray_executor import RayExecutor  # noqa: E402
-from gcache.search.parallel import run_search_parallel  # noqa: E402
+from gcache.search.infra.ray_executor import RayExecutor  # noqa: E402
+from gcache.search.loop import run_batch_search  # noqa: E402
 
 N, SEEDS = 8, [100, 101]
 
@@ -38,14 +38,14 @@ def test_two_workers_finish_the_search_and_survive_a_killed_worker(cluster, prof
             os.kill(pids[0], signal.SIGKILL)
             killed.append(pids[0])
     try:
-        res = run_search_parallel(profile, SearchConfig(k=3, degree=2, budget=14, objective="ssim"), ex, q=2,
+        res = run_batch_search(profile, SearchConfig(k=3, degree=2, budget=14, objective="ssim"), ex, q=2,
                                   state_path=str(tmp_path / "s.json"), provenance={"seeds": SEEDS}, progress=kill_one)
         after = ex.pids()
     finally:
         ex.close()
-    assert killed and len(res.history) == 14 and res.state["done"] and res.state["pending"] == []
+    assert killed and len(res.history) == 14 and res.state.done and res.state.pending == []
     assert pids[0] not in after  # the dead worker was replaced
-    assert res.policy.n_computed == 3 and all(len(m.get("per_seed", [])) == 2 for m in res.state["masks"].values())
+    assert res.policy.n_computed == 3 and all(len(m.get("per_seed", [])) == 2 for m in res.state.masks.values())
 
 
 def test_cluster_command_writes_policy_and_state(cluster, tmp_path, capsys):

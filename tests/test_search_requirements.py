@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from gcache.core.errors import GCacheError
-from gcache.search import requirements as req
+from gcache.search.infra import requirements as req
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

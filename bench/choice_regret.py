@@ -1,0 +1,172 @@
+"""Which rule the search's final choice should follow (search/paired.py NOISE_Z, applied in search/choice.py),
+measured by its held-out regret.
+
+On the reference model (N = 30, the profile-fitted forecaster, objective 1 − SSIM on the search seeds), the search runs
+once per (budget, K, GP seed), keeping every mask it evaluated with its per-seed losses (its state file). Each mask is
+then sampled on held-out seeds under the same forecaster (PSNR dB against full compute). The final choice is recomputed
+offline from each state under every candidate rule:
+
+    best_measured   the lowest loss the search measured (no check against the seed noise)
+    z=<z>           a searched mask replaces the best start mask when its paired gain over the seeds is beyond z
+                    standard errors (NOISE_Z; 2 until this bench), or it ends a chain of accepted polish moves (CHAIN)
+    halves          ... when both fixed halves of the seeds improve (the polish's other guard), or by a chain
+    start_only      the best start mask, always
+
+A rule's regret in one search is the held-out PSNR of the mask with the lowest measured loss ("best evaluated")
+minus that of the mask the rule chooses: below 0 the rule did better than taking the lowest loss. Also printed: the
+regret against the best held-out mask the search evaluated (an oracle no rule can see). Prints per rule the median,
+mean and worst regret over every search, and per budget and K; the rule with the lowest (median, worst) wins.
+
+    python -m gcache.bench.choice_regret                  # budgets 64 128, K 6 8 10 15 20, GP seeds 0-2
+    python -m gcache.bench.choice_regret --gp-seeds 0-5 --out choice_regret_runs
+
+Runs about 35 min for the default grid (30 searches) on one core of a busy 2-core CPU, about 70 min with GP seeds
+0-5; --out keeps each search's state file and the held-out PSNRs, so a second run (or an interrupted one) resumes
+and only reprints. Writes bench/results/choice_regret.json (--results): the command, date, git commit and rows.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+PROG = "python -m gcache.bench.choice_regret"
+Z_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0)
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def rules() -> dict:
+    """name -> choose(state) -> the chosen entry's mask key."""
+    from ..search import paired
+    from ..search.choice import choose
+    from ..search.state import START
+    out = {"best_measured": lambda st: st.best(with_final=True)["mask"]}
+    for z in Z_VALUES:
+        out[f"z={z:g}"] = (lambda rule: lambda st: choose(st, rule=rule).entry["mask"])(paired.beyond_z(z))
+    out["halves"] = lambda st: choose(st, rule=paired.HALVES).entry["mask"]
+    out["start_only"] = lambda st: st.best(kinds=(START,))["mask"]
+    return out
+
+
+def summary(values: list) -> dict:
+    return {"median": round(statistics.median(values), 3), "mean": round(statistics.fmean(values), 3),
+            "worst": round(max(values), 3), "n": len(values)}
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "-C", HERE, "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def check_arguments(a):
+    """Every argument at once, before the model loads; returns (gp seeds, search seeds, eval seeds)."""
+    from ..search.budget import minimum_budget
+    from ..search.config import check_k
+    from ..search.infra.cli import Problems, check_at_least, check_out_folder, check_steps, parse_seeds
+    problems = Problems()
+    if check_steps(problems, a.steps):
+        for k in a.ks:
+            problems.check(check_k, k, a.steps)
+    least = minimum_budget("fitted", 3, True)
+    for b in a.budgets:
+        problems.require(b >= least, f"--budgets {b}: a fitted search at degree 3 needs a budget of at least {least}.")
+    gp_seeds = problems.check(parse_seeds, a.gp_seeds, "--gp-seeds")
+    search_seeds = problems.check(parse_seeds, a.search_seeds, "--search-seeds")
+    eval_seeds = problems.check(parse_seeds, a.eval_seeds, "--eval-seeds")
+    problems.require(not set(search_seeds or ()) & set(eval_seeds or ()),
+                     "--search-seeds and --eval-seeds overlap: held-out numbers need other seeds.")
+    check_at_least(problems, "--threads", a.threads, 1, "the number of threads")
+    problems.check(check_out_folder, a.out)
+    problems.check(check_out_folder, os.path.dirname(os.path.abspath(a.results)), "--results")
+    problems.raise_any()
+    return gp_seeds, search_seeds, eval_seeds
+
+
+def main(argv=None, harness_factory=None) -> int:
+    from ..search.infra.cli import ArgumentParser, run_command
+    ap = ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--ks", type=int, nargs="+", default=[6, 8, 10, 15, 20])
+    ap.add_argument("--budgets", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--gp-seeds", default="0-2", help="SearchConfig.seed of each repetition")
+    ap.add_argument("--search-seeds", default="1000-1015")
+    ap.add_argument("--eval-seeds", default="0-31")
+    ap.add_argument("--out", default="choice_regret_runs", help="state files and held-out PSNRs (a rerun resumes)")
+    ap.add_argument("--results", default=os.path.join(HERE, "results", "choice_regret.json"))
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args(argv)
+    return run_command(PROG, lambda: _run(a, argv, harness_factory))
+
+
+def _run(a, argv, harness_factory) -> int:
+    gp_seeds, _, _ = check_arguments(a)
+    os.makedirs(a.out, exist_ok=True)
+    from ..search.config import SearchConfig
+    from ..search.infra.cli import make_out_folder
+    from ..search.loop import run_search
+    from .search_setup import FittedSetup
+    make_out_folder(os.path.dirname(os.path.abspath(a.results)), "--results")
+    t_start = time.time()
+    setup = FittedSetup(a, harness_factory)
+    cache_path = os.path.join(a.out, "held_out_psnr.json")
+    held = json.load(open(cache_path, encoding="utf-8")) if os.path.exists(cache_path) else {}
+    judge = rules()
+    rows, grid = [], [(b, k, g) for b in a.budgets for k in a.ks for g in gp_seeds]
+    for n, (budget, k, g) in enumerate(grid, 1):
+        t0 = time.time()
+        res = run_search(setup.profile, SearchConfig(k=k, budget=budget, seed=g, objective="ssim", forecast="fitted"),
+                         setup.evaluate, state_path=os.path.join(a.out, f"state_B{budget}_K{k}_g{g}.json"),
+                         provenance={"seeds": setup.search_seeds})
+        t_search, state = time.time() - t0, res.state
+        new = [key for key in state.masks if key not in held]
+        for key in new:
+            held[key] = setup.held_out(key)
+        with open(cache_path, "w", encoding="utf-8") as f:
+            json.dump(held, f)
+        psnr = {name: held[pick(state)] for name, pick in judge.items()}
+        best, oracle = psnr["best_measured"], max(held[key] for key in state.masks)
+        rows.append({"budget": budget, "K": k, "gp_seed": g, "masks": len(state.masks), "psnr": psnr,
+                     "oracle_psnr": oracle, "regret": {r: round(best - v, 3) for r, v in psnr.items()},
+                     "oracle_regret": {r: round(oracle - v, 3) for r, v in psnr.items()}})
+        print(f"[{n}/{len(grid)}] budget {budget}, K = {k}, GP seed {g}: {len(state.masks)} masks, search "
+              f"{t_search:.0f} s, {len(new)} held out in {time.time() - t0 - t_search:.0f} s; held-out PSNR: best "
+              f"measured {best:.2f} dB, oracle {oracle:.2f}, z=2 {psnr['z=2']:.2f}, halves {psnr['halves']:.2f}, "
+              f"start only {psnr['start_only']:.2f}", flush=True)
+    out = {"command": " ".join([PROG] + list(sys.argv[1:] if argv is None else argv)),
+           "date": datetime.date.today().isoformat(), "git_commit": git_commit(), "wall_s": round(time.time() - t_start),
+           "N": a.steps, "forecast": "fitted", "objective": "ssim", "search_seeds": a.search_seeds,
+           "eval_seeds": a.eval_seeds, "gp_seeds": gp_seeds, "rows": rows, "rules": {}}
+    print("\nregret = held-out PSNR of the lowest-loss mask − of the chosen one (dB; below 0: better than it); "
+          "oracle: the best held-out mask evaluated")
+    for name in judge:
+        r = {"all": summary([row["regret"][name] for row in rows]),
+             "oracle": summary([row["oracle_regret"][name] for row in rows]),
+             "per_budget": {str(b): summary([row["regret"][name] for row in rows if row["budget"] == b])
+                            for b in a.budgets},
+             "per_k_median": {str(k): round(statistics.median(row["regret"][name] for row in rows if row["K"] == k), 3)
+                              for k in a.ks}}
+        out["rules"][name] = r
+        print(f"  {name:13s} median {r['all']['median']:+.3f}, mean {r['all']['mean']:+.3f}, worst "
+              f"{r['all']['worst']:+.3f} | oracle median {r['oracle']['median']:.3f}, worst {r['oracle']['worst']:.3f}"
+              f" | per budget " + ", ".join(f"{b}: {v['median']:+.2f}/{v['worst']:+.2f}"
+                                            for b, v in r["per_budget"].items())
+              + " | per K " + ", ".join(f"{k}: {v:+.2f}" for k, v in r["per_k_median"].items()), flush=True)
+    best_rule = min(out["rules"], key=lambda n: (out["rules"][n]["all"]["median"], out["rules"][n]["all"]["worst"]))
+    out["lowest_regret_rule"] = best_rule
+    print(f"lowest (median, worst) regret: {best_rule}")
+    with open(a.results, "w", encoding="utf-8") as f:
+        json.dump(out, f, indent=1)
+    print(json.dumps({"results": a.results, "lowest_regret_rule": best_rule, "wall_s": out["wall_s"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
