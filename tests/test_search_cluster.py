@@ -50,10 +50,19 @@ def test_two_workers_finish_the_search_and_survive_a_killed_worker(cluster, prof
 
 def test_cluster_command_writes_policy_and_state(cluster, tmp_path, capsys):
     from gcache.reference_model.cluster import main
+    import json
+
+    from gcache.core.policy import Policy
+    from gcache.reference_model.harness import ReferenceHarness
     assert main(["--workers", "2", "--steps", "8", "--k", "3", "--budget", "14", "--degree", "2",
-                 "--search-seeds", "100-101", "--out", str(tmp_path)]) == 0
+                 "--search-seeds", "100-101", "--eval-seeds", "0-1", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "policy_N8_K3.json").exists() and (tmp_path / "search_state_N8_K3.json").exists()
-    assert '"evaluations"' in capsys.readouterr().out.strip().splitlines()[-1]
+    out = capsys.readouterr().out.strip().splitlines()
+    pol = Policy.load(str(tmp_path / "policy_N8_K3.json"))
+    held = ReferenceHarness(8).held_out(pol, [0, 1])  # the held-out figure, measured again here
+    assert pol.metrics["eval_psnr"] == held["eval_psnr"] and pol.provenance["eval_seeds"] == [0, 1]
+    assert f"held-out PSNR {held['eval_psnr']:.2f} dB" in "\n".join(out)
+    assert json.loads(out[-1])["eval_psnr"] == round(held["eval_psnr"], 3)
 
 
 def _closed_port() -> int:
