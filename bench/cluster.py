@@ -6,7 +6,7 @@
 
 A single search is a draw: the best mask occupies a small region of s, and the sequential search itself misses it
 for some GP seeds. So the search runs once per GP seed (`--gp-seeds`), sequentially
-(bilevel.run_search, in process), on 1 Ray worker (q = 1, the same search) and on 2 Ray workers (q = 2), and the
+(loop.run_search, in process), on 1 Ray worker (q = 1, the same search) and on 2 Ray workers (q = 2), and the
 quality figure is the mean held-out PSNR over GP seeds. Needs the optional Ray extra (pip install -e '.[cluster]').
 Ends with one JSON line: {"speedup_2_workers", "quality_diff_db", ...}.
 """

@@ -94,10 +94,6 @@ class SearchConfig:
                               f"goes to local moves, in [0, 1) (the GP needs at least one proposal), got "
                               f"{self.polish_share!r}.")
 
-    def least_budget(self, n_starts: int) -> int:
-        """The start masks, the start grid and one GP proposal (budget.least_budget)."""
-        return budgets.least_budget(n_starts, self.degree)
-
     def phases(self, n_starts: int) -> tuple[int, int, int, int]:
         """(start masks, start grid, GP-LCB proposals, polish moves) of this budget: they add up to it."""
         return budgets.phases(self.budget, n_starts, self.degree, self.polish_share)

@@ -111,10 +111,6 @@ class SearchLoop:
         self.surrogate = GPLCB(config.degree + 1, config.s_min, config.s_max, config.seed, config.n_candidates,
                                config.acq_polish, config.warm_maxiter, config.cold_every)
         _, _, self.n_gp, self.n_polish = config.phases(len(self.starts))
-        started = self.state.polish.guard
-        if started in paired.GUARDS and started != config.polish_guard:
-            log.info("GCache Search: this search started polishing with the %r guard and keeps it (polish_guard %r is "
-                     "for new searches).", started, config.polish_guard)
         w_theory = propagation_weights(profile, "theory")
         self.polisher = Polish(self.state, config.seed, None if config.polish_order == "seeded" else
                                lambda key: bound_on(self.errors, w_theory, [int(c) for c in key]), config.polish_guard)

@@ -30,6 +30,7 @@ gained 1.2 dB at K = 10 of 30 within 40 evaluations).
 from __future__ import annotations
 
 import hashlib
+import logging
 from typing import Callable, Optional
 
 import numpy as np
@@ -37,6 +38,7 @@ import numpy as np
 from . import paired
 from .state import POLISH, SearchState
 
+log = logging.getLogger("gcache")
 RINGS = 3  # moves by 1, by 2, and by more
 
 
@@ -69,8 +71,12 @@ class Polish:
     def __init__(self, state: SearchState, seed: int, score: Optional[Callable[[str], float]] = None,
                  guard: str = paired.GUARD):
         """`score(mask key)`: which moves of a ring to measure first (lowest first); None: the seeded order. `guard`:
-        a name of paired.GUARDS (a state file that holds one already keeps it)."""
+        a name of paired.GUARDS (a state file that holds one already keeps it, and the log says so)."""
         self.state, self.seed, self.score, self.guard = state, seed, score, guard
+        started = state.polish.guard
+        if started in paired.GUARDS and paired.guard(started) is not paired.GUARDS[guard]:
+            log.info("GCache Search: this search started polishing with the %r guard and keeps it (polish_guard %r is "
+                     "for new searches).", started, guard)
 
     @property
     def climb(self):

@@ -357,10 +357,6 @@ class SearchState:
     def is_pending(self, key: str) -> bool:
         return any(p["mask"] == key for p in self.pending)
 
-    def to_dict(self) -> dict:
-        """The state file's content (a copy)."""
-        return json.loads(json.dumps(self._data))
-
     # ------------------------------------------------------------------------------------------ writing
     def measure(self, key: str, raw: Any, seconds: float, first: int) -> None:
         """Keep what evaluate() returned for mask `key` (the loss, and the per-seed losses for paired comparisons);

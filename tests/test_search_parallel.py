@@ -45,7 +45,7 @@ def test_batch_search_spends_the_budget_once_per_mask(q, tmp_path):
 
 
 def test_one_in_flight_is_the_sequential_search():
-    """q = 1 proposes, measures and chooses exactly what bilevel.run_search does (the benchmark's baseline)."""
+    """q = 1 proposes, measures and chooses exactly what loop.run_search does (the benchmark's baseline)."""
     prof = make_profile()
     seq = run_search(prof, SearchConfig(**CFG), Evaluator(prof))
     ex = ThreadExecutor(Counting(prof), workers=1)

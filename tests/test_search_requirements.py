@@ -1,4 +1,4 @@
-"""search/requirements.py: a missing optional package is a GCacheError that names it and the install command."""
+"""search/infra/requirements.py: a missing optional package is a GCacheError that names it and the install command."""
 import os
 import sys
 
