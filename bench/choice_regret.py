@@ -2,9 +2,10 @@
 measured by its held-out regret.
 
 On the reference model (N = 30, the profile-fitted forecaster, objective 1 − SSIM on the search seeds), the search runs
-once per (budget, K, GP seed), keeping every mask it evaluated with its per-seed losses (its state file). Each mask is
-then sampled on held-out seeds under the same forecaster (PSNR dB against full compute). The final choice is recomputed
-offline from each state under every candidate rule:
+once per (set of search seeds, budget, K, GP seed), keeping every mask it evaluated with its per-seed losses (its state
+file). Each set of search seeds is profiled on its own. Each mask is then sampled on held-out seeds under the same
+forecaster (PSNR dB against full compute). The final choice is recomputed offline from each state under every
+candidate rule:
 
     best_measured   the lowest loss the search measured (no check against the seed noise)
     z=<z>           a searched mask replaces the best start mask when its paired gain over the seeds is beyond z
@@ -18,11 +19,11 @@ regret against the best held-out mask the search evaluated (an oracle no rule ca
 mean and worst regret over every search, and per budget and K; the rule with the lowest (median, worst) wins.
 
     python -m gcache.bench.choice_regret                  # budgets 64 128, K 6 8 10 15 20, GP seeds 0-2
-    python -m gcache.bench.choice_regret --gp-seeds 0-5 --out choice_regret_runs
+    python -m gcache.bench.choice_regret --search-seeds 1000-1015 2000-2015 3000-3015
 
-Runs about 35 min for the default grid (30 searches) on one core of a busy 2-core CPU, about 70 min with GP seeds
-0-5; --out keeps each search's state file and the held-out PSNRs, so a second run (or an interrupted one) resumes
-and only reprints. Writes bench/results/choice_regret.json (--results): the command, date, git commit and rows.
+Runs about an hour per set of search seeds (30 searches) on one core of a busy 2-core CPU; --out keeps each search's
+state file and the held-out PSNRs (out/s<first search seed>/), so a second run (or an interrupted one) resumes and
+only reprints. Writes bench/results/choice_regret.json (--results): the command, date, git commit and rows.
 """
 from __future__ import annotations
 
@@ -79,15 +80,16 @@ def check_arguments(a):
     for b in a.budgets:
         problems.require(b >= least, f"--budgets {b}: a fitted search at degree 3 needs a budget of at least {least}.")
     gp_seeds = problems.check(parse_seeds, a.gp_seeds, "--gp-seeds")
-    search_seeds = problems.check(parse_seeds, a.search_seeds, "--search-seeds")
+    sets = [problems.check(parse_seeds, text, "--search-seeds") for text in a.search_seeds]
     eval_seeds = problems.check(parse_seeds, a.eval_seeds, "--eval-seeds")
-    problems.require(not set(search_seeds or ()) & set(eval_seeds or ()),
-                     "--search-seeds and --eval-seeds overlap: held-out numbers need other seeds.")
+    for text, seeds in zip(a.search_seeds, sets):
+        problems.require(not set(seeds or ()) & set(eval_seeds or ()),
+                         f"--search-seeds {text} and --eval-seeds overlap: held-out numbers need other seeds.")
     check_at_least(problems, "--threads", a.threads, 1, "the number of threads")
     problems.check(check_out_folder, a.out)
     problems.check(check_out_folder, os.path.dirname(os.path.abspath(a.results)), "--results")
     problems.raise_any()
-    return gp_seeds, search_seeds, eval_seeds
+    return gp_seeds, sets, eval_seeds
 
 
 def main(argv=None, harness_factory=None) -> int:
@@ -97,7 +99,8 @@ def main(argv=None, harness_factory=None) -> int:
     ap.add_argument("--ks", type=int, nargs="+", default=[6, 8, 10, 15, 20])
     ap.add_argument("--budgets", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--gp-seeds", default="0-2", help="SearchConfig.seed of each repetition")
-    ap.add_argument("--search-seeds", default="1000-1015")
+    ap.add_argument("--search-seeds", nargs="+", default=["1000-1015"],
+                    help="one or more sets of search seeds, each profiled on its own")
     ap.add_argument("--eval-seeds", default="0-31")
     ap.add_argument("--out", default="choice_regret_runs", help="state files and held-out PSNRs (a rerun resumes)")
     ap.add_argument("--results", default=os.path.join(HERE, "results", "choice_regret.json"))
@@ -107,23 +110,34 @@ def main(argv=None, harness_factory=None) -> int:
 
 
 def _run(a, argv, harness_factory) -> int:
-    gp_seeds, _, _ = check_arguments(a)
-    os.makedirs(a.out, exist_ok=True)
-    from ..search.config import SearchConfig
+    gp_seeds, sets, _ = check_arguments(a)
     from ..search.infra.cli import make_out_folder
-    from ..search.loop import run_search
-    from .search_setup import FittedSetup
+    make_out_folder(a.out)
     make_out_folder(os.path.dirname(os.path.abspath(a.results)), "--results")
     t_start = time.time()
-    setup = FittedSetup(a, harness_factory)
-    cache_path = os.path.join(a.out, "held_out_psnr.json")
+    rows = []
+    for text, seeds in zip(a.search_seeds, sets):
+        rows += _one_set(a, text, seeds, gp_seeds, harness_factory)
+    _report(a, argv, rows, gp_seeds, time.time() - t_start)
+    return 0
+
+
+def _one_set(a, text: str, seeds: list, gp_seeds: list, harness_factory) -> list:
+    """The grid's searches on one set of search seeds (in out/s<first seed>/), with every mask held out."""
+    from ..search.config import SearchConfig
+    from ..search.loop import run_search
+    from .search_setup import FittedSetup
+    folder = os.path.join(a.out, f"s{seeds[0]}")
+    os.makedirs(folder, exist_ok=True)
+    setup = FittedSetup(argparse.Namespace(**{**vars(a), "search_seeds": text}), harness_factory)
+    cache_path = os.path.join(folder, "held_out_psnr.json")  # the fitted forecaster's parameters: this set's profile
     held = json.load(open(cache_path, encoding="utf-8")) if os.path.exists(cache_path) else {}
     judge = rules()
     rows, grid = [], [(b, k, g) for b in a.budgets for k in a.ks for g in gp_seeds]
     for n, (budget, k, g) in enumerate(grid, 1):
         t0 = time.time()
         res = run_search(setup.profile, SearchConfig(k=k, budget=budget, seed=g, objective="ssim", forecast="fitted"),
-                         setup.evaluate, state_path=os.path.join(a.out, f"state_B{budget}_K{k}_g{g}.json"),
+                         setup.evaluate, state_path=os.path.join(folder, f"state_B{budget}_K{k}_g{g}.json"),
                          provenance={"seeds": setup.search_seeds})
         t_search, state = time.time() - t0, res.state
         new = [key for key in state.masks if key not in held]
@@ -133,15 +147,20 @@ def _run(a, argv, harness_factory) -> int:
             json.dump(held, f)
         psnr = {name: held[pick(state)] for name, pick in judge.items()}
         best, oracle = psnr["best_measured"], max(held[key] for key in state.masks)
-        rows.append({"budget": budget, "K": k, "gp_seed": g, "masks": len(state.masks), "psnr": psnr,
-                     "oracle_psnr": oracle, "regret": {r: round(best - v, 3) for r, v in psnr.items()},
+        rows.append({"search_seeds": text, "budget": budget, "K": k, "gp_seed": g, "masks": len(state.masks),
+                     "psnr": psnr, "oracle_psnr": oracle, "regret": {r: round(best - v, 3) for r, v in psnr.items()},
                      "oracle_regret": {r: round(oracle - v, 3) for r, v in psnr.items()}})
-        print(f"[{n}/{len(grid)}] budget {budget}, K = {k}, GP seed {g}: {len(state.masks)} masks, search "
+        print(f"[{n}/{len(grid)}] seeds {text}, budget {budget}, K = {k}, GP seed {g}: {len(state.masks)} masks, search "
               f"{t_search:.0f} s, {len(new)} held out in {time.time() - t0 - t_search:.0f} s; held-out PSNR: best "
               f"measured {best:.2f} dB, oracle {oracle:.2f}, z=2 {psnr['z=2']:.2f}, halves {psnr['halves']:.2f}, "
               f"start only {psnr['start_only']:.2f}", flush=True)
+    return rows
+
+
+def _report(a, argv, rows: list, gp_seeds: list, wall: float) -> None:
+    judge = rules()
     out = {"command": " ".join([PROG] + list(sys.argv[1:] if argv is None else argv)),
-           "date": datetime.date.today().isoformat(), "git_commit": git_commit(), "wall_s": round(time.time() - t_start),
+           "date": datetime.date.today().isoformat(), "git_commit": git_commit(), "wall_s": round(wall),
            "N": a.steps, "forecast": "fitted", "objective": "ssim", "search_seeds": a.search_seeds,
            "eval_seeds": a.eval_seeds, "gp_seeds": gp_seeds, "rows": rows, "rules": {}}
     print("\nregret = held-out PSNR of the lowest-loss mask − of the chosen one (dB; below 0: better than it); "
@@ -151,6 +170,8 @@ def _run(a, argv, harness_factory) -> int:
              "oracle": summary([row["oracle_regret"][name] for row in rows]),
              "per_budget": {str(b): summary([row["regret"][name] for row in rows if row["budget"] == b])
                             for b in a.budgets},
+             "per_search_seeds": {t: summary([row["regret"][name] for row in rows if row["search_seeds"] == t])
+                                  for t in a.search_seeds},
              "per_k_median": {str(k): round(statistics.median(row["regret"][name] for row in rows if row["K"] == k), 3)
                               for k in a.ks}}
         out["rules"][name] = r
@@ -165,7 +186,6 @@ def _run(a, argv, harness_factory) -> int:
     with open(a.results, "w", encoding="utf-8") as f:
         json.dump(out, f, indent=1)
     print(json.dumps({"results": a.results, "lowest_regret_rule": best_rule, "wall_s": out["wall_s"]}))
-    return 0
 
 
 if __name__ == "__main__":
