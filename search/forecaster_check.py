@@ -29,13 +29,14 @@ from typing import Any, Callable, Optional
 from ..core import forecasters
 from ..core.errors import GCacheError
 from ..core.profile import Profile
-from .paired import CHOICE, HALVES, MEAN, Rule, paired_difference
+from .paired import HALVES, MEAN, Rule, beyond_z, paired_difference
 from .state import SearchState, loss_of
 
 log = logging.getLogger("gcache")
 
-# bench/forecaster_check.py compares them ("noise": the final choice's rule; "never": keep the search's forecaster)
-RULES: dict[str, Optional[Rule]] = {"halves": HALVES, "mean": MEAN, "noise": CHOICE, "never": None}
+# bench/forecaster_check.py compares them ("noise": a gain beyond 2 paired standard errors, the final choice's margin
+# when that bench ran; "never": keep the search's forecaster)
+RULES: dict[str, Optional[Rule]] = {"halves": HALVES, "mean": MEAN, "noise": beyond_z(2.0, "noise"), "never": None}
 RULE = "halves"
 CANT_APPLY = ("it needs an evaluation that can apply another forecaster (evaluate(mask, forecast=…)), and this one "
               "can't")

@@ -304,7 +304,7 @@ class SearchLoop:
                  result.policy.metrics["loss"])
         if result.unchecked:
             log.info("GCache Search: no per-seed losses for two or more seeds, so the searched mask was kept without "
-                     "checking its gain against the seed noise (use 2+ seeds for that check).")
+                     "checking its gain against the seed noise (use 2+ seeds: the polish guard then checks each move).")
         return result
 
 

@@ -63,15 +63,16 @@ def test_the_z_guard_by_hand():
     assert paired.POLISH_Z == pytest.approx(0.6745, abs=1e-3)  # the normal's 75 % point
 
 
-def test_the_noise_rule_by_hand():
+def test_the_final_choices_rule_and_a_noise_margin_by_hand():
     old = m(1.0, 1.0, 1.0, 1.0)
-    # d = [-0.4, 0.1, -0.4, 0.1]: 1.039 standard errors: within NOISE_Z; d = [-0.1, -0.12, -0.1, -0.12]: 19.05
-    rule = paired.CHOICE
-    assert rule.name == "noise" and f"{paired.NOISE_Z:.3g}" in rule.says
-    z = 0.15 / (math.sqrt(1 / 12) / 2)  # d = [-0.4, 0.1, -0.4, 0.1]: mean -0.15, s.d. sqrt(1/12)
-    assert rule.better(m(0.6, 1.1, 0.6, 1.1), old) == (z > paired.NOISE_Z)
-    assert rule.better(m(0.9, 0.88, 0.9, 0.88), old)
-    assert not rule.better(m(1.0, 1.0, 1.0, 1.01), old)  # no gain at all
+    z = 0.15 / (math.sqrt(1 / 12) / 2)  # d = [-0.4, 0.1, -0.4, 0.1]: mean -0.15, s.d. sqrt(1/12): 1.039 s.e.
+    assert z == pytest.approx(1.039, abs=1e-3)
+    choice, margin = paired.CHOICE, beyond_z(2.0)
+    assert paired.CHOICE_Z == 0.0 and choice.name == "choice" and "beyond 0 paired" in choice.says
+    assert choice.better(m(0.6, 1.1, 0.6, 1.1), old) and not margin.better(m(0.6, 1.1, 0.6, 1.1), old)
+    assert choice.better(m(0.99, 1.0, 0.99, 1.0), old)  # any lower mean: d = [-0.01, 0, -0.01, 0]
+    assert margin.better(m(0.9, 0.88, 0.9, 0.88), old)  # d = [-0.1, -0.12, -0.1, -0.12]: 19.05 s.e.
+    assert not choice.better(m(1.0, 1.0, 1.0, 1.01), old) and not choice.better(m(*[1.0] * 4), old)  # no gain
 
 
 def test_under_the_z_guard_a_null_move_passes_one_time_in_four():
@@ -92,4 +93,4 @@ def test_the_guard_names_a_config_and_a_state_file_may_hold():
     assert set(paired.SAVED_GUARDS) == {"halves", "z", "mean"}
     assert all(paired.guard(name).name == name for name in paired.SAVED_GUARDS)
     with pytest.raises(KeyError):
-        paired.guard("noise")  # a rule of the final choice, no polish guard
+        paired.guard("choice")  # the final choice's rule, no polish guard
