@@ -5,7 +5,9 @@ restructured, and the deterministic problem they come from: a later GCache must 
 
 writes the problem's profile (search_v3.profile.safetensors), a finished search with its forecaster check
 (search_v3_done.search.json) and its policy (search_v3.policy.json), and the same search stopped by a crash in its
-polish stage (search_v3_crashed.search.json: one evaluation pending).
+polish stage (search_v3_crashed.search.json: one evaluation pending). The files were written by the code of commit
+2656f64 (the search in search/bilevel.py, the final choice's margin of 2 standard errors); written again by later code
+they would test nothing, so leave them as they are.
 """
 import hashlib
 import math
