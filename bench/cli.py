@@ -61,9 +61,9 @@ def number(low: float = -math.inf, high: float = math.inf, open_low: bool = Fals
 
 
 def seeds(text: str) -> list:
-    """An argparse type: a seed list, '0-15' or '1,2,3' (search/cli.py parse_seeds)."""
+    """An argparse type: a seed list, '0-15' or '1,2,3' (search/infra/cli.py parse_seeds)."""
     from ..core.errors import GCacheError
-    from ..search.cli import parse_seeds
+    from ..search.infra.cli import parse_seeds
     try:
         return parse_seeds(text, "the seed list")
     except GCacheError as e:

@@ -6,7 +6,7 @@
 
 A single search is a draw: the best mask occupies a small region of s, and the sequential search itself misses it
 for some GP seeds. So the search runs once per GP seed (`--gp-seeds`), sequentially
-(bilevel.run_search, in process), on 1 Ray worker (q = 1, the same search) and on 2 Ray workers (q = 2), and the
+(loop.run_search, in process), on 1 Ray worker (q = 1, the same search) and on 2 Ray workers (q = 2), and the
 quality figure is the mean held-out PSNR over GP seeds. Needs the optional Ray extra, in README's venv:
 .venv/bin/pip install -e ".[cluster]" (from the repository root).
 Ends with one JSON line: {"speedup_2_workers", "quality_diff_db", ...}.
@@ -46,12 +46,12 @@ def main(argv=None) -> dict:
     import torch
     from ..reference_model.cluster import ReferenceWorker
     from ..reference_model.harness import ReferenceHarness
-    from ..search.bilevel import run_search
+    from ..search.loop import run_search
     from ..search.config import SearchConfig
-    from ..search.cli import parse_seeds
-    from ..search.ray_executor import RayExecutor
-    from ..search.objectives import make_objective, psnr
-    from ..search.parallel import run_search_parallel
+    from ..search.infra.cli import parse_seeds
+    from ..search.infra.ray_executor import RayExecutor
+    from ..search.infra.objectives import make_objective, psnr
+    from ..search.loop import run_batch_search
     torch.set_num_threads(1)
     seeds, held, gp_seeds = parse_seeds(a.search_seeds), parse_seeds(a.eval_seeds), parse_seeds(a.gp_seeds)
     h = ReferenceHarness(a.steps)
@@ -83,7 +83,7 @@ def main(argv=None) -> dict:
     for n, g in enumerate(gp_seeds):  # 1 and 2 workers alternate, so a change in the machine's load hits both
         for w in ((1, 2) if n % 2 == 0 else (2, 1)):
             t0 = time.perf_counter()
-            runs[g][w] = (run_search_parallel(profile, cfg(g), executors[w], q=w), time.perf_counter() - t0)
+            runs[g][w] = (run_batch_search(profile, cfg(g), executors[w], q=w), time.perf_counter() - t0)
         progress.step(f"GP seed {g}: 1 worker {runs[g][1][1]:.1f} s, 2 workers {runs[g][2][1]:.1f} s")
     for ex in executors.values():
         ex.close()

@@ -35,7 +35,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--threads", type=whole(1), default=1)
     a = ap.parse_args(argv)
     from ..reference_model.harness import ReferenceHarness
-    from ..search.cli import set_threads
+    from ..search.infra.cli import set_threads
     from ..search.instant import instant_policy
     set_threads(a.threads)
     out = {"repeats": a.repeats, "reuse": {}, "linear": {}}

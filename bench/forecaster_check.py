@@ -27,7 +27,7 @@ def main(argv=None, harness_factory=None) -> dict:
     a = ap.parse_args(argv)
     check_ks(ap, a)
     from ..search import forecaster_check
-    from ..search.bilevel import run_search
+    from ..search.loop import run_search
     from ..search.config import SearchConfig
     setup = FittedSetup(a, harness_factory)
     profile, evaluate, held_out, gp_seeds = setup.profile, setup.evaluate, setup.held_out, setup.gp_seeds
@@ -40,15 +40,15 @@ def main(argv=None, harness_factory=None) -> dict:
         for g in gp_seeds:
             res = run_search(profile, SearchConfig(k=k, budget=a.budget, seed=g, objective="ssim", forecast=own),
                              evaluate)
-            checked = res.state["forecasters"]
+            checked = res.state.checked
             key = checked["mask"]
             mask = [int(c) for c in key]
             psnrs = {own: held_out(mask, own), **{n: held_out(mask, n) for n in checked["results"]}}
-            run = {"K": k, "gp_seed": g, "psnr": psnrs, "loss": {own: res.state["masks"][key]["loss"],
+            run = {"K": k, "gp_seed": g, "psnr": psnrs, "loss": {own: res.state.masks[key]["loss"],
                                                                  **{n: r["loss"] for n, r in checked["results"].items()}},
                    "picks": {}}
             for rule in forecaster_check.RULES:
-                pick = forecaster_check.pick(res.state["masks"][key], checked["results"], g, rule) or own
+                pick = forecaster_check.pick(res.state.masks[key], checked["results"], g, rule) or own
                 run["picks"][rule] = {"forecaster": pick, "gain_db": round(psnrs[pick] - psnrs[own], 3)}
             runs.append(run)
             progress.step(f"K = {k}, GP seed {g}: held-out " + ", ".join(f"{n} {v:.2f} dB" for n, v in psnrs.items())

@@ -37,9 +37,9 @@ def main(argv=None, harness_factory=None) -> dict:
     from ..core.forecasters.l2p import L2P
     from ..reference_model.harness import ReferenceHarness
     from ..search.baselines import uniform_mask
-    from ..search.cli import parse_seeds, set_threads
+    from ..search.infra.cli import parse_seeds, set_threads
     from ..search.instant import instant_policy
-    from ..search.objectives import psnr
+    from ..search.infra.objectives import psnr
     from .rivals import l2p_params, trajectory_gram
 
     class L2PProfileAll(L2P):  # the same fit over every computed residual before a skipped step

@@ -9,7 +9,7 @@ the search's own loss on the search seeds and PSNR on held-out seeds against ful
 - the best held-out gain of any neighbour (what an oracle that sees the held-out seeds would get in one move: the
   ceiling of one polish step);
 - the held-out gain of the neighbour with the lowest search loss, and of the best neighbour that both halves of the
-  seeds accept (polish.improves: the move the polish would keep first if it measured every move);
+  seeds accept (paired.HALVES: the move the polish would keep first under that guard if it measured every move);
 - with --climb B, a long polish (the search again at budget B with polish) and its held-out gain: how far chains of
   moves get.
 
@@ -37,13 +37,13 @@ def main(argv=None, harness_factory=None) -> dict:
     import numpy as np
 
     from ..core import forecasters
-    from ..search.bilevel import run_search
+    from ..search.loop import run_search
     from ..search.config import SearchConfig
-    from ..search.polish import halves, improves, moves
+    from ..search.paired import HALVES
+    from ..search.polish import moves
     setup = FittedSetup(a, harness_factory)
     profile, evaluate, held_out = setup.profile, setup.evaluate, setup.held_out
     fc = forecasters.get("fitted")
-    split = halves(len(setup.search_seeds), a.seed)
 
     def measured(key: str) -> dict:
         per_seed = [float(v) for v in evaluate([int(c) for c in key])]
@@ -60,7 +60,7 @@ def main(argv=None, harness_factory=None) -> dict:
         rows = []
         for key in moves(root, a.seed):
             m = measured(key)
-            rows.append({"mask": key, "loss": m["loss"], "accepted": improves(m, root_m, split),
+            rows.append({"mask": key, "loss": m["loss"], "accepted": HALVES.decide(m, root_m, a.seed),
                          "gain_db": round(held_out(key) - root_psnr, 3)})
         best = max(rows, key=lambda r: r["gain_db"])
         lowest = min(rows, key=lambda r: r["loss"])

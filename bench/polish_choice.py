@@ -1,10 +1,11 @@
-"""Which polished masks the final choice should keep (search/choice.py CHAIN_Z), measured.
+"""Which polished masks the final choice should keep (search/paired.py CHAIN_Z, applied in search/choice.py), measured.
 
 A chain of accepted polish moves (each kept because both halves of the seeds improved) may replace the best start
-mask without the full noise margin (NOISE_Z paired standard errors) when it beats it by CHAIN_Z of them. On the
-reference model (N = 30, the profile-fitted forecaster, objective 1 − SSIM), for each K, budget and GP seed, the search
-runs once with polish and once without (polish_share 0); its final choice is recomputed from the same state with
-CHAIN_Z = 0 (any verified chain), 1 and ∞ (the noise margin only), and each choice is sampled on held-out seeds (PSNR
+mask without the full noise margin (2 paired standard errors when this bench ran, and here; bench/choice_regret.py set
+the final choice's own margin to 0 since) when it beats it by CHAIN_Z of them. On the reference model (N = 30, the
+profile-fitted forecaster, objective 1 − SSIM), for each K, budget and GP seed, the search runs once with polish and
+once without (polish_share 0); its final choice is recomputed from the same state with CHAIN_Z = 0 (any verified
+chain), 1 and ∞ (the noise margin only), and each choice is sampled on held-out seeds (PSNR
 dB against full compute). Prints the median over GP seeds of each rule's gain over the search without polish, and for
 every run the chosen chain's z (its paired gain over the fallback in standard errors).
 
@@ -36,12 +37,13 @@ def main(argv=None) -> dict:
         ap.error(f"--ks {' '.join(map(str, a.ks))}: every K must be below the 30 steps this bench samples")
     from ..core import forecasters
     from ..reference_model.harness import ReferenceHarness
-    from ..search.bilevel import run_search
-    from ..search.choice import choose, paired_difference
-    from ..search.cli import parse_seeds, set_threads
+    from ..search.loop import run_search
+    from ..search import paired
+    from ..search.choice import choose
+    from ..search.paired import paired_difference
+    from ..search.infra.cli import parse_seeds, set_threads
     from ..search.config import SearchConfig
-    from ..search.objectives import make_objective, psnr
-    from ..search.state import SearchState
+    from ..search.infra.objectives import make_objective, psnr
     set_threads(a.threads)
     h = ReferenceHarness(30)
     search_seeds, eval_seeds, gp_seeds = parse_seeds(a.search_seeds), parse_seeds(a.eval_seeds), parse_seeds(a.gp_seeds)
@@ -66,11 +68,11 @@ def main(argv=None) -> dict:
             cfg = dict(k=k, budget=a.budget, seed=g, objective="ssim", forecast=fc.name)
             base = run_search(profile, SearchConfig(**cfg, polish_share=0.0), evaluate)
             res = run_search(profile, SearchConfig(**cfg), evaluate)
-            state = SearchState(res.state, None)
+            state = res.state
             fallback = state.best(kinds=("instant",))
             run = {"K": k, "gp_seed": g, "no_polish": held_out("".join(map(str, base.policy.mask))), "rules": {}}
             for name, z in rules.items():
-                chosen = choose(state, chain_z=z)[0]
+                chosen = choose(state, rule=paired.beyond_z(2.0), chain=paired.beyond_z(z)).entry
                 gain = paired_difference(state.masks[chosen["mask"]].get("per_seed"),
                                          state.masks[fallback["mask"]].get("per_seed"))
                 run["rules"][name] = {"psnr": held_out(chosen["mask"]), "kind": chosen.get("kind", "final"),

@@ -26,9 +26,9 @@ def main(argv=None, harness_factory=None) -> dict:
     add_arguments(ap)
     a = ap.parse_args(argv)
     check_ks(ap, a)
-    from ..search.bilevel import run_search
+    from ..search.loop import run_search
     from ..search.config import SearchConfig
-    from ..search.polish import GUARDS
+    from ..search.paired import GUARDS
     setup = FittedSetup(a, harness_factory)
     profile, evaluate, gp_seeds = setup.profile, setup.evaluate, setup.gp_seeds
 

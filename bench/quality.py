@@ -58,7 +58,7 @@ def ks_of(n: int) -> list[int]:
 
 
 def held_out(h, mask, seeds, lpips_net=None, forecast="reuse", params=None) -> dict:
-    from ..search.objectives import lpips_distance, psnr, ssim
+    from ..search.infra.objectives import lpips_distance, psnr, ssim
     ref = h.full(seeds)
     img, _ = h.run(seeds, list(mask), forecast=forecast, forecast_params=params)
     per_image = [psnr(img[i:i + 1], ref[i:i + 1]) for i in range(len(seeds))]
@@ -119,8 +119,8 @@ def run_n(n_steps, args, objective, lpips_net, harness_factory=None) -> dict:
     from ..core import forecasters
     from ..reference_model.harness import ReferenceHarness
     from ..search.baselines import all_baselines, uniform_mask
-    from ..search.bilevel import run_search
-    from ..search.cli import parse_seeds
+    from ..search.loop import run_search
+    from ..search.infra.cli import parse_seeds
     from ..search.config import SearchConfig
     from ..search.instant import auto_policy, choose_forecaster, instant_policy
     from .rivals import l2p_params, trajectory_gram
@@ -315,8 +315,8 @@ def main(argv=None, harness_factory=None) -> dict:
     a = ap.parse_args(argv)
     minutes = 20 * (a.budget or (48 if a.quick else 64)) / 48 * len([30] if a.quick else a.steps)
     a.progress = lambda total, what: Progress(total, what, expected_s=60 * minutes / max(1, len(a.steps)))
-    from ..search.cli import set_threads
-    from ..search.objectives import lpips_available, load_lpips, make_objective
+    from ..search.infra.cli import set_threads
+    from ..search.infra.objectives import lpips_available, load_lpips, make_objective
     set_threads(a.threads)
     if a.quick:
         a.steps = [30]

@@ -338,9 +338,9 @@ def quality_bullets(results) -> str:
         lines.append(f"The forecaster check moved the searched policy to another forecaster at K = "
                      f"{', '.join(map(str, switched))} (in brackets in the table; [search](search.md#what-it-does)).")
     lines.append(f"Reuse search − best other reusing method: {per_k(res['search_minus_best_other_psnr'])} dB (JSON "
-                 "`search_minus_best_other_psnr`). A searched mask replaces the best start mask only when it wins by "
-                 "two paired standard errors over the search seeds (or ends a chain of accepted polish moves with a "
-                 "lower loss): good masks often differ by less than the seed noise.")
+                 "`search_minus_best_other_psnr`). The search returns the lowest loss it measured, never worse than "
+                 "its best start mask on its own seeds and never a polish move its guard rejected "
+                 "([search](search.md#what-it-does), `bench/choice_regret.py`).")
     riv = res.get("rival_minus_fitted_db", {})
     if riv:
         spec = [v for where in riv.get("spectrum", {}).values() for v in where.values()]

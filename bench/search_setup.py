@@ -36,8 +36,8 @@ class FittedSetup:
 
     def __init__(self, a: argparse.Namespace, harness_factory=None):
         from ..reference_model.harness import ReferenceHarness
-        from ..search.cli import parse_seeds, set_threads
-        from ..search.objectives import make_objective
+        from ..search.infra.cli import parse_seeds, set_threads
+        from ..search.infra.objectives import make_objective
         set_threads(a.threads)
         self.h = harness_factory(a.steps) if harness_factory else ReferenceHarness(a.steps)
         self.search_seeds, self.eval_seeds = parse_seeds(a.search_seeds), parse_seeds(a.eval_seeds)
@@ -50,7 +50,7 @@ class FittedSetup:
     def held_out(self, mask: Sequence[int], forecaster: str = "fitted", params: Optional[dict] = None) -> float:
         """`params` None: fitted to the mask from the profile."""
         from ..core import forecasters
-        from ..search.objectives import psnr
+        from ..search.infra.objectives import psnr
         fc = forecasters.get(forecaster)
         mask = [int(c) for c in mask]
         img, _ = self.h.run(self.eval_seeds, mask, forecast=fc.name,

@@ -264,7 +264,7 @@ def main(argv=None) -> dict:
     path = check_optional_comfyui(ap)
     if a.skip_reference and path is None:
         ap.error("--skip-reference leaves only the ComfyUI models: set COMFYUI_PATH to your ComfyUI folder")
-    from ..search.cli import set_threads
+    from ..search.infra.cli import set_threads
     set_threads(a.threads)
     modules = comfyui_modules(path) if path else None
     load_start = [round(v, 2) for v in os.getloadavg()]

@@ -14,7 +14,7 @@ from ..core.user_text import quoted
 from ..core.verdicts import checks_of, failed, stamp
 from ..search.error_models import DEFAULT as DEFAULT_ERROR_MODEL, ERROR_MODELS
 from ..search.instant import METHODS, instant_policy, propagation_weights
-from ..search.plots import plot_policy
+from ..search.infra.plots import plot_policy
 from . import artifacts
 from . import comfy_common as cc
 from .modes.verdicts import describe

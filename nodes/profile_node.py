@@ -9,7 +9,7 @@ from comfy_api.latest import io
 from ..core.errors import GCacheError
 from ..core.profile import Profile
 from ..core.verdicts import checks_of, failed
-from ..search.plots import plot_profile
+from ..search.infra.plots import plot_profile
 from . import artifacts
 from . import comfy_common as cc
 from .modes.base import CACHE_DEVICES

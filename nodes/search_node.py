@@ -1,4 +1,4 @@
-"""GCache Search: the bilevel search (search/bilevel.py) with real sampling inside the node, in the foreground or in
+"""GCache Search: the bilevel search (search/loop.py) with real sampling inside the node, in the foreground or in
 background slices (search_jobs/)."""
 from __future__ import annotations
 
@@ -11,16 +11,15 @@ import comfy.samplers
 import comfy.utils
 from comfy_api.latest import io
 
-from ..core import forecasters
 from ..core.errors import GCacheError
 from ..core.files import safe_name
 from ..core.policy import Policy
-from ..search.bilevel import SearchInterrupted
-from ..search.config import SearchConfig
-from ..search.starts import start_count
-from ..search.objectives import OBJECTIVES, make_objective
-from ..search.plots import plot_policy, plot_search
-from ..search.requirements import require, search_modules
+from ..search.budget import minimum_budgets, start_range
+from ..search.config import POLISH_SHARE, SearchConfig
+from ..search.loop import SearchInterrupted
+from ..search.infra.objectives import OBJECTIVES, make_objective
+from ..search.infra.plots import plot_policy, plot_search
+from ..search.infra.requirements import require, search_modules
 from . import comfy_common as cc
 from .search_jobs import background
 from .modes import verdicts
@@ -31,6 +30,16 @@ MODES = ("background", "foreground")
 # mode when a prompt has no mode input (API prompts written before it existed): they ran the whole search in the
 # foreground, and still do; the widget's default, what the frontend sends, is background
 MODE_WITHOUT_INPUT = "foreground"
+
+
+def budget_tooltip(degree: int = 3) -> str:
+    """The budget input's tooltip, its numbers from search/budget.py (where the search computes them)."""
+    fewest, most = start_range()
+    least = minimum_budgets(degree)
+    return (f"Search iterations (sampling runs per seed): the start masks (the instant masks of each error model, "
+            f"{fewest} to {most}) and the 2^(degree+1) start grid included, so at least {least['reuse']} for degree "
+            f"{degree} ({least['forecasting']} when forecasting, on a profile with forecast statistics); after the "
+            f"GP-LCB phase, local moves of the best mask get {POLISH_SHARE:.0%} of the rest. The paper uses 500.")
 
 
 class GCacheSearch(io.ComfyNode):
@@ -62,12 +71,8 @@ class GCacheSearch(io.ComfyNode):
                 io.Combo.Input("scheduler", options=comfy.samplers.KSampler.SCHEDULERS, default="simple",
                                tooltip="Scheduler, as in your KSampler."),
                 io.Int.Input("k", default=10, min=1, max=1000,
-                             tooltip="Budget K: steps that compute the block stack (K ≤ steps). Speed-up ≈ steps/K."),
-                io.Int.Input("budget", default=64, min=2, max=10000,
-                             tooltip="Search iterations (sampling runs per seed): the start masks (the instant "
-                                     "masks of each error model, 3 to 6) and the 2^(degree+1) start grid included, so "
-                                     "at least 20 for degree 3 (23 when forecasting); after the GP-LCB phase, local "
-                                     "moves of the best mask get half of the rest. The paper uses 500."),
+                             tooltip="Budget K: steps that compute the block stack (K < steps). Speed-up ≈ steps/K."),
+                io.Int.Input("budget", default=64, min=2, max=10000, tooltip=budget_tooltip()),
                 io.Int.Input("degree", default=3, min=1, max=4,
                              tooltip="Degree of the Bernstein polynomial w(t; s) (the paper uses 3).", **cc.ADVANCED),
                 io.Combo.Input("objective", options=list(OBJECTIVES), default="lpips_ssim",
@@ -111,14 +116,11 @@ class GCacheSearch(io.ComfyNode):
         cc.check_choice("objective", objective, OBJECTIVES)  # 0.3.64 passes V3 combo values unchecked
         config = SearchConfig(k=k, degree=degree, budget=budget, seed=seed, objective=objective,
                               forecast=cc.FORECAST[forecast])
-        # K and the budget are refused before any sampling, not after the references: the reference runs record the
-        # forecast statistics (so the RMS error model's start masks) when the search forecasts
-        has_stats = profile.has_fit_stats() if profile is not None else forecasters.get(config.forecast).forecasts
-        config.validate(steps, start_count(config.forecast, has_stats))
-        require(*search_modules(objective))  # before any sampling: names a missing package and its pip command
-        make_objective(objective)  # fails early, with a message, when LPIPS weights are missing
         job = SearchJob(model, positive, negative, latent, vae, [seed + i for i in range(seeds)], steps, cfg,
                         sampler_name, scheduler, config, cc.folder(), safe_name(policy_name, "policy name"), profile)
+        job.check_config()  # K and the budget, before any sampling (on the profile the reference runs will record)
+        require(*search_modules(objective))  # before any sampling: names a missing package and its pip command
+        make_objective(objective)  # fails early, with a message, when LPIPS weights are missing
         job.check_profile()  # before the reference runs
         hidden = getattr(cls, "hidden", None)
         prompt, node_id = getattr(hidden, "prompt", None), getattr(hidden, "unique_id", None)
@@ -172,9 +174,9 @@ def _foreground(job: SearchJob, node_id=None) -> io.NodeOutput:
     the search after the evaluation in progress, and the prompt goes on with the best policy so far (the state file
     is kept, as for a background search)."""
     state = _state(job)
-    if (state or {}).get("done"):
+    if state is not None and state.done:
         return _finished(job)
-    done = len((state or {}).get("history") or [])
+    done = len(state.history) if state is not None else 0
     fg = background.JOBS.put(background.Job(
         job.name, job.state_path, job.config.budget, str(node_id or ""), {}, status="running",
         message="running in the foreground (this prompt): the reference runs", evaluations=done,
@@ -249,16 +251,17 @@ def _start(job: SearchJob, prompt: dict, node_id: str, slice_seconds: int) -> io
         running.client_id = background.current_client()  # its next slices report their progress to this client
         return _report(job, job.load_profile(), running)
     state = _state(job)
-    if state is not None and state.get("done"):  # finished before: its policy, as the foreground search gives it
+    if state is not None and state.done:  # finished before: its policy, as the foreground search gives it
         return _finished(job)
     refs = running.refs if running is not None and running.refs is not None and running.refs_key == key \
         else job.references(_reference_progress(len(job.seeds)))
     profile = job.load_profile()
     bg = background.Job(job.name, job.state_path, job.config.budget, str(node_id),
                         background.slice_prompt(prompt, node_id, job.name), refs=refs, refs_key=key,
-                        evaluations=len((state or {}).get("history") or []), client_id=background.current_client())
+                        evaluations=len(state.history) if state is not None else 0,
+                        client_id=background.current_client())
     background.JOBS.put(bg)
-    _queue_next(bg, f"started; {bg.evaluations} of {bg.budget} evaluations done" if state else "started")
+    _queue_next(bg, f"started; {bg.evaluations} of {bg.budget} evaluations done" if state is not None else "started")
     return _report(job, profile, bg)
 
 
@@ -274,7 +277,8 @@ def _slice(job: SearchJob, job_id: str, seconds: int) -> io.NodeOutput:
     if bg.refs is None or bg.refs_key != job.refs_key():
         bg.refs, bg.refs_key = job.references(_reference_progress(len(job.seeds))), job.refs_key()
     profile = job.load_profile()
-    bar = _evaluation_progress(job.config.budget, len((_state(job) or {}).get("history") or []))
+    state = _state(job)
+    bar = _evaluation_progress(job.config.budget, len(state.history) if state is not None else 0)
     background.JOBS.update(bg, status="running", message="evaluating")
 
     def progress(info):
@@ -318,18 +322,19 @@ def _queue_next(bg: background.Job, what: str) -> None:
 
 
 def _state(job: SearchJob):
-    from .search_jobs.job import _peek
-    return _peek(job.state_path)
+    """The job's state file as it is (search/state.py SearchState), None when there is none or it can't be read."""
+    from ..search.state import SearchState
+    return SearchState.peek(job.state_path)
 
 
 def _report(job: SearchJob, profile, bg) -> io.NodeOutput:
     """The best policy so far and a picture of the search as it stands."""
     from ..search.instant import propagation_weights
-    from ..search.plots import plot_policy
+    from ..search.infra.plots import plot_policy
     policy = job.best_so_far(profile)
     state = _state(job)
     status = f"{bg.status}: {bg.evaluations} of {bg.budget} evaluations" if bg is not None else "not running"
-    if state and state.get("history"):
+    if state is not None and state.history:
         image = plot_search(state, [float(t) for t in profile.times])
     else:
         image = plot_policy(policy, propagation_weights(profile, "theory"),

@@ -1,5 +1,6 @@
-"""The search on a Ray cluster: one coordinator (bilevel.run_batch_search, one JSON state), evaluations on Ray
-actors (search/ray_executor.py). The reference model runs headless, or ComfyUI servers evaluate (one per GPU):
+"""The search on a Ray cluster: one coordinator (search/loop.py run_batch_search, one JSON state), evaluations on Ray
+actors (search/infra/ray_executor.py). The reference model runs headless (and its policy is then measured on held-out
+seeds, as the search command does), or ComfyUI servers evaluate (one per GPU):
 
     python -m gcache.reference_model.cluster --workers 2 --steps 30 --k 10 --budget 64 --objective ssim --out cluster_out
     python -m gcache.reference_model.cluster --address auto ...   # an existing cluster (`ray start --head` / `--address`)
@@ -16,23 +17,25 @@ from typing import Optional, Sequence
 
 from ..core import forecasters
 from ..core.errors import GCacheError
-from ..core.policy import check_budget
-from ..search.cli import (ArgumentParser, Problems, check_at_least, check_out_folder, check_steps, command_name,
-                          make_out_folder, parse_seeds, run_command, set_threads)
-from ..search.objectives import OBJECTIVES, ensure_backbone
-from ..search.ray_executor import RayExecutor, require_ray
-from ..search.requirements import require, search_modules
+from ..search.infra.cli import (ArgumentParser, Problems, check_at_least, check_out_folder, check_steps, command_name,
+                                forecast_choices, forecaster_of, make_out_folder, parse_seeds, run_command,
+                                set_threads)
+from ..search.infra.objectives import OBJECTIVES, ensure_backbone
+from ..search.infra.ray_executor import RayExecutor, require_ray
+from ..search.infra.requirements import require, search_modules
 
 PROG = command_name(__spec__.name)
 
 
 class ReferenceWorker:
-    """Evaluates masks on the bundled reference model (one instance per Ray actor)."""
+    """Evaluates masks on the bundled reference model (one instance per Ray actor), under its own forecaster."""
+
+    can_apply_forecaster = False  # run(mask) only: RayExecutor sends no other forecaster
 
     def __init__(self, n_steps: int, seeds: Sequence[int], objective: str, forecast="reuse", threads: int = 1,
                  profile=None):
         set_threads(threads)
-        from ..search.objectives import make_objective
+        from ..search.infra.objectives import make_objective
         from .harness import ReferenceHarness
         self.h = ReferenceHarness(n_steps)
         self.seeds, self.forecast = list(seeds), forecast
@@ -55,9 +58,10 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--budget", type=int, default=64)  # SearchConfig's default
     ap.add_argument("--degree", type=int, default=3)
     ap.add_argument("--objective", default="ssim", choices=OBJECTIVES)
-    ap.add_argument("--forecast", default="reuse", choices=(*forecasters.names(), "0", "1", "2"),
+    ap.add_argument("--forecast", default="reuse", choices=forecast_choices(),
                     help="the forecaster masks are applied with (0/1/2: reuse/linear/quadratic)")
     ap.add_argument("--search-seeds", default="1000-1015")
+    ap.add_argument("--eval-seeds", default="0-15", help="held-out sampling seeds for the report (reference model)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="cluster_out")
     ap.add_argument("--start-timeout", type=float, default=600.0,
@@ -95,13 +99,14 @@ def check_arguments(a):
     before Ray starts anything: a GCacheError names each problem. Sets a.steps and a.workers in the ComfyUI mode
     (the profile's steps, one worker per server); returns (search config, seeds, urls, workflow, profile,
     provenance)."""
-    from ..search.config import SearchConfig
-    from ..search.comfyui_worker import ComfyUIWorker
+    from ..search.config import SearchConfig, check_k
+    from ..search.infra.comfyui_worker import ComfyUIWorker
+    from ..search.starts import start_count
     problems = Problems()
     seeds = problems.check(parse_seeds, a.search_seeds, "--search-seeds")
     provenance: dict = {"seeds": seeds}
     urls = [u.strip() for u in (a.comfyui or "").split(",") if u.strip()]
-    a.forecast = forecasters.canonical(int(a.forecast) if a.forecast.isdigit() else a.forecast)
+    a.forecast = forecaster_of(a.forecast)
     workflow = profile = None
     if a.comfyui:
         problems.require(bool(urls), f"--comfyui {a.comfyui!r} names no server: give their URLs, comma-separated.")
@@ -113,7 +118,7 @@ def check_arguments(a):
         a.workers = len(urls)  # one actor per server
         if profile is not None:
             a.steps = profile.n_steps
-            problems.check(check_budget, a.k, a.steps)
+            problems.check(check_k, a.k, a.steps)
         problems.require(not forecasters.get(a.forecast).needs_profile,
                          f"The ComfyUI workers apply the forecasters without profile-fitted parameters "
                          f"({', '.join(forecasters.profile_free())}); {a.forecast} needs the profile in every worker: use "
@@ -121,14 +126,21 @@ def check_arguments(a):
     else:
         check_at_least(problems, "--workers", a.workers, 1, "the number of workers")
         if check_steps(problems, a.steps):
-            problems.check(check_budget, a.k, a.steps)
+            problems.check(check_k, a.k, a.steps)
+        a.eval_seeds = problems.check(parse_seeds, a.eval_seeds, "--eval-seeds")
+        shared = sorted(set(seeds or ()) & set(a.eval_seeds or ()))
+        problems.require(not shared, f"--search-seeds and --eval-seeds overlap (seeds "
+                                     f"{', '.join(map(str, shared[:5]))}{', …' if len(shared) > 5 else ''}): "
+                                     "held-out numbers need other seeds.")
     if a.q is not None:
         check_at_least(problems, "--q", a.q, 1, "the number of evaluations in flight")
     problems.require(a.start_timeout > 0, f"--start-timeout {a.start_timeout}: give the workers some seconds to start.")
     check_at_least(problems, "--seed", a.seed, 0, "the search seed")
     config = SearchConfig(k=a.k, degree=a.degree, budget=a.budget, seed=a.seed, objective=a.objective,
                           forecast=a.forecast)
-    problems.check(config.validate_settings)
+    # the start masks of the profile searched with: the given one, or the one this command records
+    has_stats = profile.has_fit_stats() if profile is not None else forecasters.get(a.forecast).forecasts
+    problems.check(config.validate_settings, start_count(a.forecast, has_stats))
     problems.check(check_out_folder, a.out)
     problems.raise_any()
 
@@ -147,8 +159,9 @@ def check_arguments(a):
 
 
 def _run(a) -> int:
-    from ..search.comfyui_worker import ComfyUIWorker
-    from ..search.parallel import run_search_parallel
+    from ..search.infra.comfyui_worker import ComfyUIWorker
+    from ..search.loop import run_batch_search
+    from ..search.result import predicted_speedup_text
     from .harness import ReferenceHarness
     config, seeds, urls, workflow, profile, provenance = check_arguments(a)
     make_out_folder(a.out)
@@ -159,24 +172,33 @@ def _run(a) -> int:
     if a.comfyui:
         ex = RayExecutor.start_each(ComfyUIWorker, [((u, workflow, seeds, a.objective, a.forecast), {}) for u in urls])
     else:
-        profile = ReferenceHarness(a.steps).profile(seeds, forecast=forecasters.get(a.forecast).forecasts)
+        harness = ReferenceHarness(a.steps)
+        profile = harness.profile(seeds, forecast=forecasters.get(a.forecast).forecasts)
         ex = RayExecutor.start(ReferenceWorker, a.workers, a.steps, seeds, a.objective, a.forecast, 1,
                                profile if forecasters.get(a.forecast).needs_profile else None)
     try:
         ex.pids(timeout_s=a.start_timeout)
         state = os.path.join(a.out, f"search_state_N{a.steps}_K{a.k}.json")
         t0 = time.time()
-        res = run_search_parallel(profile, config, ex, q=a.q or a.workers, state_path=state, provenance=provenance)
+        res = run_batch_search(profile, config, ex, q=a.q or a.workers, state_path=state, provenance=provenance)
     finally:
         ex.close()
     pol = res.policy
+    wall = time.time() - t0
+    if not a.comfyui:  # the reference model: the policy on held-out seeds, as the search command reports it
+        pol.provenance["eval_seeds"] = a.eval_seeds
+        pol.metrics.update(harness.held_out(pol, a.eval_seeds))
     path = os.path.join(a.out, f"policy_N{a.steps}_K{a.k}.json")
     pol.save(path)
     print(f"GCache cluster search N={a.steps} K={a.k} on {a.workers} workers: {res.evaluations} evaluations "
-          f"({len(res.history)} iterations) in {time.time() - t0:.0f}s")
+          f"({len(res.history)} iterations) in {wall:.0f}s")
     print(f"  mask {pol.describe()}  (won by {pol.provenance['won']}); search loss {pol.metrics['loss']:.5g}")
-    print(json.dumps({"policy": path, "state": state, "evaluations": res.evaluations,
-                      "wall_s": round(time.time() - t0, 1)}))
+    if "eval_psnr" in pol.metrics:
+        print(f"  held-out PSNR {pol.metrics['eval_psnr']:.2f} dB, SSIM {pol.metrics['eval_ssim']:.4f} "
+              f"({len(a.eval_seeds)} seeds)")
+    print(f"  {predicted_speedup_text(pol)} from the profile's {profile.io.describe()}")
+    print(json.dumps({"policy": path, "state": state, "evaluations": res.evaluations, "wall_s": round(wall, 1),
+                      **({"eval_psnr": round(pol.metrics["eval_psnr"], 3)} if "eval_psnr" in pol.metrics else {})}))
     return 0
 
 

@@ -70,21 +70,40 @@ class ReferenceHarness:
         return rec.finish()
 
     def evaluator(self, seeds: Sequence[int], objective: Callable[[torch.Tensor, torch.Tensor], float],
-                  forecast="reuse", profile: Optional[Profile] = None):
+                  forecast="reuse", profile: Optional[Profile] = None) -> "SeedEvaluator":
         """evaluate(mask) -> the loss of each seed's image sampled under mask against its full-compute image
         (the search averages them, and compares masks seed by seed). A forecaster with parameters (profile-fitted)
         fits them to each mask from `profile`. evaluate(mask, forecast=name) applies another forecaster (the
         search's forecaster check)."""
-        ref = self.full(seeds)
-        own = forecasters.get(forecast)
+        return SeedEvaluator(self, seeds, objective, forecast, profile)
 
-        def evaluate(mask: Sequence[int], forecast: Optional[str] = None) -> list[float]:
-            fc = own if forecast is None else forecasters.get(forecast)
-            params = fc.fit(profile, list(mask)) if profile is not None else {}
-            img, _ = self.run(seeds, mask=list(mask), forecast=fc.name, forecast_params=params)
-            return [float(objective(img[i:i + 1], ref[i:i + 1])) for i in range(img.shape[0])]
-        return evaluate
+    def held_out(self, policy: Policy, seeds: Sequence[int]) -> dict:
+        """{"eval_psnr", "eval_ssim"} of `policy` (its mask, forecaster and parameters) on `seeds` against full
+        compute: the held-out figures the commands report."""
+        from ..search.infra.objectives import psnr, ssim
+        img, _ = self.run(seeds, policy.mask, forecast=policy.forecast, forecast_params=policy.forecast_params)
+        ref = self.full(seeds)
+        return {"eval_psnr": psnr(img, ref), "eval_ssim": ssim(img, ref)}
 
     def policy_from_mask(self, mask: Sequence[int], method: str, **prov) -> Policy:
         return Policy(mask=list(mask), times=list(self.times), sigmas=list(self.sigmas), method=method,
                       provenance=dict(prov, **self.meta))
+
+
+class SeedEvaluator:
+    """A search's evaluate(mask) on the reference model (ReferenceHarness.evaluator). It applies any forecaster (with
+    parameters fitted from the profile when it has one), so it says so to the search (search/executor.py)."""
+
+    can_apply_forecaster = True
+
+    def __init__(self, harness: ReferenceHarness, seeds: Sequence[int], objective, forecast="reuse",
+                 profile: Optional[Profile] = None):
+        self.h, self.seeds, self.objective, self.profile = harness, list(seeds), objective, profile
+        self.own = forecasters.get(forecast)
+        self.ref = harness.full(self.seeds)
+
+    def __call__(self, mask: Sequence[int], forecast: Optional[str] = None) -> list[float]:
+        fc = self.own if forecast is None else forecasters.get(forecast)
+        params = fc.fit(self.profile, list(mask)) if self.profile is not None else {}
+        img, _ = self.h.run(self.seeds, mask=list(mask), forecast=fc.name, forecast_params=params)
+        return [float(self.objective(img[i:i + 1], self.ref[i:i + 1])) for i in range(img.shape[0])]

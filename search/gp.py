@@ -19,10 +19,14 @@ import warnings
 from typing import Optional
 
 import numpy as np
-from scipy.optimize import minimize
 
 KAPPA_START = 2.576
 KAPPA_END = 1.0
+# The GP's settings (SearchConfig's defaults; GPLCB's arguments)
+N_CANDIDATES = 2048  # random candidates of the acquisition per proposal
+N_POLISH = 3         # L-BFGS-B runs from the best of them
+WARM_MAXITER = 30    # L-BFGS-B steps of a warm-started hyperparameter fit
+COLD_EVERY = 50      # a cold fit (default start + a restart) every this many observations
 
 
 def start_grid(dim: int, s_min: float, s_max: float) -> np.ndarray:
@@ -48,8 +52,9 @@ def _kernel(dim: int):
 class GPLCB:
     """Fits the surrogate on (S, y) and proposes the next s; `theta` (log hyperparameters) is the warm start."""
 
-    def __init__(self, dim: int, s_min: float, s_max: float, seed: int = 0, n_candidates: int = 2048,
-                 n_polish: int = 3, warm_maxiter: int = 30, cold_every: int = 50, cold_restarts: int = 1,
+    def __init__(self, dim: int, s_min: float, s_max: float, seed: int = 0, n_candidates: int = N_CANDIDATES,
+                 n_polish: int = N_POLISH, warm_maxiter: int = WARM_MAXITER, cold_every: int = COLD_EVERY,
+                 cold_restarts: int = 1,
                  hyper_every: int = 5, hyper_always_below: int = 100):
         self.dim, self.s_min, self.s_max, self.seed = dim, float(s_min), float(s_max), int(seed)
         self.n_candidates, self.n_polish = n_candidates, n_polish
@@ -71,6 +76,7 @@ class GPLCB:
     # ---------------------------------------------------------------- fit
     def fit(self, S: np.ndarray, y: np.ndarray, theta: Optional[list] = None) -> list:
         """Fit on observations; returns the fitted log-hyperparameters (the next fit's warm start)."""
+        from scipy.optimize import minimize
         from sklearn.gaussian_process import GaussianProcessRegressor
         X = self.to_unit(S)
         n = len(y)
@@ -120,6 +126,7 @@ class GPLCB:
 
     def minimize_acq(self, kappa: float, iteration: int, extra_starts: Optional[np.ndarray] = None) -> np.ndarray:
         """argmin over the box of μ − κσ (κ = 0: the posterior mean). Returns s (not unit-scaled)."""
+        from scipy.optimize import minimize
         if self.gp is None:
             raise RuntimeError("fit() first")
         rng = self.rng(iteration)

@@ -1,7 +1,7 @@
 """Instant policies: the exact DP on a profile under an analytic propagation weight, in milliseconds.
 
 No sampling is needed, so a user gets a speed-up from the first profiled run (GCache Policy, GCache Apply
-"auto"); the search (bilevel.py) starts from these masks and only keeps something else where it measures better.
+"auto"); the search (loop.py) starts from these masks and only keeps something else where it measures better.
 
     theory     w from Theorem 3.3 (w_j = ln(h_j L_out) + Σ_{m>j} h_m L): the default
     local      w = 0: every reuse error counts the same wherever it happens

@@ -14,34 +14,32 @@ gained 1.2 dB at K = 10 of 30 within 40 evaluations).
 - A climb starts from the best measured mask (its root). Moves of the incumbent are proposed until one is accepted;
   its moves are proposed next. When every move of the incumbent is measured and none was accepted (a local
   optimum), the climb starts again from the best measured mask that was neither a root nor an incumbent yet.
-- Overfitting guard (SearchConfig.polish_guard). On a held-out benchmark a plain hill climb cut the train loss by
-  18 % while held-out PSNR fell 1.1 dB (K = 15). "halves" accepts a move only when it lowers the mean loss of both
-  fixed halves of the seeds (split at random, seeded by the search seed); it gave +0.16 dB there and the same +1.2 dB
-  at K = 10. "z" (the default) accepts a move when its paired gain over the incumbent is beyond POLISH_Z standard
-  errors over all the seeds: a move that changes nothing passes as often as under "halves" (1 in 4), but the verdict
-  no longer depends on how the seeds were split, so the search seed no longer decides which of two good moves is
-  kept (bench/polish_guard.py on the reference model: z better in 11, worse in 2 of 30 searches, at budgets 48 and
-  64). A search keeps the guard it started polishing with (data["guard"]). Without per-seed losses of 2+ seeds the
-  mean loss decides (the guard is "mean", and the search's log says so).
+- Overfitting guard (SearchConfig.polish_guard, a rule of paired.GUARDS). On a held-out benchmark a plain hill climb
+  cut the train loss by 18 % while held-out PSNR fell 1.1 dB (K = 15). "halves" accepts a move only when it lowers
+  the mean loss of both fixed halves of the seeds; it gave +0.16 dB there and the same +1.2 dB at K = 10. "z" (the
+  default) accepts a move when its paired gain over the incumbent is beyond paired.POLISH_Z standard errors: a move
+  that changes nothing passes as often as under "halves" (1 in 4), but the verdict no longer depends on how the seeds
+  were split (paired.py has the measurement). A search keeps the guard it started polishing with. Without per-seed
+  losses of 2+ seeds the mean loss decides (the guard is "mean", and the search's log says so).
 - With q evaluations in flight q moves of the incumbent are out at once; a result whose parent is no longer the
   incumbent (another move was accepted meanwhile) stays in the history, not accepted.
-- The climb's state (incumbent, roots, guard) lives in the state file (state.data["polish"]) and is written with
+- The climb's state (incumbent, roots, guard) lives in the state file (SearchState.polish) and is written with
   every result; proposals depend only on it, the measured masks, the pending ones and the seed, so a resumed search
   proposes exactly what an uninterrupted one would.
 """
 from __future__ import annotations
 
 import hashlib
+import logging
 from typing import Callable, Optional
 
 import numpy as np
 
-from .state import SearchState
+from . import paired
+from .state import POLISH, SearchState
 
-HALVES_SALT = 0x6A1F  # the halves' random split is seeded by (search seed, this), apart from the moves' orders
+log = logging.getLogger("gcache")
 RINGS = 3  # moves by 1, by 2, and by more
-GUARDS = ("halves", "z")  # SearchConfig.polish_guard; "mean" is what either becomes without per-seed losses
-POLISH_Z = 0.674  # the normal's 75 % point: a null move's paired gain is beyond it 1 time in 4, as both halves are
 
 
 def _digest(key: str) -> int:
@@ -52,7 +50,6 @@ def swap(key: str, computed: int, skipped: int) -> str:
     m = list(key)
     m[computed], m[skipped] = "0", "1"
     return "".join(m)
-
 
 
 def moves(key: str, seed: int, score: Optional[Callable[[str], float]] = None) -> list[str]:
@@ -68,64 +65,35 @@ def moves(key: str, seed: int, score: Optional[Callable[[str], float]] = None) -
     return [m for _, m in cands]
 
 
-def halves(n_seeds: int, seed: int) -> tuple[list[int], list[int]]:
-    """Two fixed halves of the seeds' indices (sizes ⌊n/2⌋ and ⌈n/2⌉), split at random by the search seed."""
-    perm = np.random.default_rng([int(seed) & 0xFFFFFFFF, HALVES_SALT]).permutation(n_seeds)
-    return sorted(int(v) for v in perm[:n_seeds // 2]), sorted(int(v) for v in perm[n_seeds // 2:])
-
-
-def improves(new: dict, old: dict, split: Optional[tuple[list, list]]) -> bool:
-    """Whether measured mask `new` beats `old` ({"loss", "per_seed"} entries of state.masks): on the mean loss of both
-    halves when `split` is given and both have per-seed losses, else on the mean loss."""
-    a, b = new.get("per_seed"), old.get("per_seed")
-    if split is not None and a and b and len(a) == len(b) == len(split[0]) + len(split[1]):
-        a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-        return all(a[h].mean() < b[h].mean() for h in split)
-    return new["loss"] < old["loss"]
-
-
-def beyond_z(new: dict, old: dict, z: float = POLISH_Z) -> bool:
-    """Whether measured mask `new` beats `old` by more than z paired standard errors over their per-seed losses (a
-    lower loss on every seed when they differ by the same amount on each); without per-seed losses of 2+ seeds, on the
-    mean loss."""
-    a, b = new.get("per_seed"), old.get("per_seed")
-    if not a or not b or len(a) != len(b) or len(a) < 2:
-        return new["loss"] < old["loss"]
-    d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
-    se = float(d.std(ddof=1) / np.sqrt(d.size))
-    return bool(d.mean() < 0 and (se == 0.0 or -d.mean() / se > z))
-
-
 class Polish:
     """Proposes the polish moves of one search and accepts or rejects their results."""
 
     def __init__(self, state: SearchState, seed: int, score: Optional[Callable[[str], float]] = None,
-                 guard: str = "z"):
+                 guard: str = paired.GUARD):
         """`score(mask key)`: which moves of a ring to measure first (lowest first); None: the seeded order. `guard`:
-        one of GUARDS (a state file that holds one already keeps it)."""
+        a name of paired.GUARDS (a state file that holds one already keeps it, and the log says so)."""
         self.state, self.seed, self.score, self.guard = state, seed, score, guard
+        started = state.polish.guard
+        if started in paired.GUARDS and paired.guard(started) is not paired.GUARDS[guard]:
+            log.info("GCache Search: this search started polishing with the %r guard and keeps it (polish_guard %r is "
+                     "for new searches).", started, guard)
 
     @property
-    def data(self) -> dict:
-        return self.state.data["polish"]
-
-    def split(self) -> Optional[tuple[list, list]]:
-        if self.data["guard"] != "halves":
-            return None
-        inc = self.state.masks[self.data["incumbent"] or self.data["roots"][-1]]
-        return halves(len(inc["per_seed"]), self.seed)
+    def climb(self):
+        return self.state.polish
 
     def _new_root(self) -> Optional[str]:
         """The best measured mask not yet a root or an accepted move (None: every measured mask was climbed from)."""
-        used = set(self.data["roots"]) | {h["mask"] for h in self.state.history if h.get("accepted")}
+        climb = self.climb
+        used = set(climb.roots) | {h["mask"] for h in self.state.history if h.get("accepted")}
         for h in sorted(self.state.history, key=lambda e: (e["loss"], e["i"])):
             if h["mask"] not in used:
                 root = h["mask"]
-                self.data["roots"].append(root)
-                self.data["incumbent"] = root
-                if self.data["guard"] is None:
+                climb.roots.append(root)
+                climb.incumbent = root
+                if climb.guard is None:
                     per_seed = self.state.masks[root].get("per_seed")
-                    self.data["guard"] = self.guard if per_seed and len(per_seed) >= 2 else "mean"
+                    climb.guard = self.guard if per_seed and len(per_seed) >= 2 else paired.MEAN.name
                 return root
         return None
 
@@ -133,8 +101,9 @@ class Polish:
         """The next move to measure; None while every move left of the incumbent is out (wait for a result), or when
         no mask is left to climb from."""
         pending = {p["mask"] for p in self.state.pending}
+        climb = self.climb
         while True:
-            inc = self.data["incumbent"] or self._new_root()
+            inc = climb.incumbent or self._new_root()
             if inc is None:
                 return None
             waiting = False
@@ -142,18 +111,18 @@ class Polish:
                 if m in pending:
                     waiting = True
                 elif m not in self.state.masks:
-                    return {"kind": "polish", "s": None, "mask": m, "parent": inc,
+                    return {"kind": POLISH, "s": None, "mask": m, "parent": inc,
                             "bound": self.score(m) if self.score else None}
             if waiting:
                 return None
-            self.data["incumbent"] = None  # a local optimum: the next climb starts from another root
+            climb.incumbent = None  # a local optimum: the next climb starts from another root
 
     def observe(self, entry: dict) -> None:
         """Accept or reject the polish move just recorded (`entry`, a history entry)."""
-        inc = self.data["incumbent"]
+        climb = self.climb
+        inc = climb.incumbent
         new, old = self.state.masks[entry["mask"]], self.state.masks[inc]
-        ok = entry["parent"] == inc and (beyond_z(new, old) if self.data["guard"] == "z" else
-                                         improves(new, old, self.split()))
+        ok = entry["parent"] == inc and paired.guard(climb.guard).decide(new, old, self.seed)
         entry["accepted"] = bool(ok)
         if ok:
-            self.data["incumbent"] = entry["mask"]
+            climb.incumbent = entry["mask"]

@@ -5,6 +5,11 @@ search's result).
 
 Each is a history entry of kind "instant" named by its method (theory_dp_fitted, local_dp_fitted_rms, teacache, …).
 Two error models may pick the same mask: the second entry reuses the first one's loss (no sampling).
+
+`start_methods` is the one list of them: name -> how it is made, (instant method, forecaster, error model) or None
+for the TeaCache-like mask. The search measures them in its order, and `start_count` counts the same list before a
+profile exists (budget.py), so a new source of start masks is a new entry there (e.g. another forecaster's instant
+masks: the same tuple with that forecaster).
 """
 from __future__ import annotations
 

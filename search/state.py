@@ -2,17 +2,22 @@
 
 One JSON object, written atomically after every change (format "gcache.search_state", version 3):
 
-    fingerprint  the search id: a hash of the config (less the budget), the profile, the provenance and the names of
-                 the start masks (what the search proposes depends on all of them)
+    fingerprint  the search id: a hash of the config's identity (config.identity_of: less the budget and the polish
+                 guard), the profile, the provenance and the names of the start masks (what the search proposes
+                 depends on all of them)
     config, profile, provenance, starts    what the id was made of (to say in words what differs)
     history      one entry per proposal, in the order its result came back: i, kind (instant | grid | gp | polish),
                  s, mask, loss, reused, seconds, bound, kappa, gp_seconds (+ method for start masks; parent and
                  accepted for polish moves)
     masks        each distinct mask's loss (and per-seed losses): a mask is evaluated once
     gp           {"theta": the last fit's log-hyperparameters}, the next fit's warm start
-    polish       the polish stage's climb: incumbent, roots, guard (polish.py)
+    polish       the polish stage's climb: incumbent, roots, guard (polish.py; the guard's name: paired.SAVED_GUARDS)
     final, done  the argmin-μ mask measured at the end
     pending      proposals dispatched and not back yet; a resumed search dispatches them again
+    forecasters  the forecaster check (forecaster_check.py): the mask it ran on and each forecaster's loss on it;
+                 absent until it ran
+
+Code outside this module reads and writes the file's content only through SearchState's accessors.
 
 A state file of another search, a newer or older format, or a damaged file is refused and left untouched.
 """
@@ -23,7 +28,7 @@ import json
 import math
 import os
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -31,13 +36,14 @@ from ..core import forecasters
 from ..core.errors import GCacheError
 from ..core.files import atomic_write_text
 from ..core.profile import Profile
-
-if TYPE_CHECKING:
-    from .config import SearchConfig
+from .config import SearchConfig, identity_of
+from .paired import SAVED_GUARDS
 
 STATE_FORMAT = "gcache.search_state"
 STATE_VERSION = 3  # 3: start masks of several error models, polish moves; 2: instant masks first; older: refused
-KINDS = ("instant", "grid", "gp", "polish")
+# What a history entry's "kind" is: the phase that proposed it (loop.py). Start masks keep their first name, "instant".
+START, GRID, GP, POLISH = KINDS = ("instant", "grid", "gp", "polish")
+FINAL = "final"  # the argmin-μ entry measured at the end (state.final), as best() and the progress reports name it
 
 
 def profile_identity(profile: Profile) -> dict:
@@ -47,7 +53,7 @@ def profile_identity(profile: Profile) -> dict:
     return {"n_steps": int(profile.n_steps), "sha256": h.hexdigest()[:16], "count": int(profile.count)}
 
 
-def search_id(config: "SearchConfig", prof_id: dict, provenance: dict, starts: list) -> str:
+def search_id(config: SearchConfig, prof_id: dict, provenance: dict, starts: list) -> str:
     """What makes two runs the same search (a larger budget continues it): stored as the state's 'fingerprint'."""
     blob = json.dumps({"config": config.identity(), "profile": prof_id, "provenance": provenance, "starts": starts},
                       sort_keys=True, default=str)
@@ -89,9 +95,9 @@ def _check(state: dict) -> None:
         return isinstance(m, str) and len(m) == n and not set(m) - {"0", "1"} and m[0] == "1"
 
     def s_ok(e: dict) -> bool:  # start masks and polish moves have no s; GP proposals one of the search's dimension
-        if e.get("kind") == "instant":
+        if e.get("kind") == START:
             return e["s"] is None and isinstance(e.get("method"), str)
-        if e.get("kind") == "polish":
+        if e.get("kind") == POLISH:
             return e["s"] is None and mask_ok(e.get("parent"))
         return isinstance(e["s"], list) and len(e["s"]) == dim and all(number(v) for v in e["s"])
 
@@ -113,7 +119,7 @@ def _check(state: dict) -> None:
     pol = state["polish"]
     if not (isinstance(pol, dict) and (pol["incumbent"] is None or mask_ok(pol["incumbent"]))
             and isinstance(pol["roots"], list) and all(mask_ok(r) for r in pol["roots"])
-            and pol["guard"] in (None, "halves", "z", "mean")):
+            and (pol["guard"] is None or pol["guard"] in SAVED_GUARDS)):
         raise ValueError("bad polish entry")
     if not (isinstance(state["starts"], list) and all(isinstance(v, str) for v in state["starts"])):
         raise ValueError("bad start mask names")
@@ -134,12 +140,10 @@ def _check(state: dict) -> None:
         raise ValueError("bad search id ('fingerprint')")
 
 
-def _config_differences(state: dict, config: "SearchConfig", provenance: dict) -> list[str]:
+def _config_differences(state: dict, config: SearchConfig, provenance: dict) -> list[str]:
     """What differs, in words, between a state file's search and this one in config and provenance (the profile
     aside). Forecasters compare by name: a state file may hold an order (0/1/2), the config a name."""
-    old_cfg, new_cfg = dict(state.get("config") or {}), config.identity()
-    old_cfg.pop("budget", None)  # a larger budget continues a search
-    old_cfg.pop("polish_guard", None)  # no part of the identity (config.identity)
+    old_cfg, new_cfg = identity_of(state.get("config") or {}), config.identity()
     for cfg in (old_cfg, new_cfg):
         if "forecast" in cfg:
             cfg["forecast"] = _forecaster_name(cfg["forecast"])
@@ -159,7 +163,7 @@ def _forecaster_name(value: Any) -> Any:
         return value  # not a forecaster: shown as the file has it
 
 
-def _differences(state: dict, config: "SearchConfig", prof_id: dict, provenance: dict, starts: list) -> str:
+def _differences(state: dict, config: SearchConfig, prof_id: dict, provenance: dict, starts: list) -> str:
     """What differs between a state file's search and this one, in words."""
     diffs = _config_differences(state, config, provenance)
     old_prof = state.get("profile") or {}
@@ -177,7 +181,7 @@ def _another_search(path: str, differences: str) -> GCacheError:
                        "use another state file name, or delete it to start over.")
 
 
-def check_state(path: Optional[str], config: "SearchConfig", provenance: dict) -> Optional[dict]:
+def check_state(path: Optional[str], config: SearchConfig, provenance: dict) -> Optional[dict]:
     """The state file at `path` read and checked before any sampling (None when there is none): a damaged one, or
     one whose config or provenance differs from this search's, is refused as SearchState.open would refuse it
     later. The profile can't be compared yet (it may come from the reference runs): open() does that."""
@@ -202,14 +206,47 @@ def loss_of(raw: Any) -> tuple[float, Optional[list]]:
         return float("nan"), None
 
 
+class PolishClimb:
+    """The polish stage's climb as the state file keeps it ("polish"): the mask being climbed from (incumbent), the
+    masks climbs started from (roots), and the guard the search polishes with (paired.SAVED_GUARDS: None until the
+    first move)."""
+
+    def __init__(self, data: dict):
+        self._data = data
+
+    @property
+    def incumbent(self) -> Optional[str]:
+        return self._data["incumbent"]
+
+    @incumbent.setter
+    def incumbent(self, key: Optional[str]) -> None:
+        self._data["incumbent"] = key
+
+    @property
+    def roots(self) -> list:
+        return self._data["roots"]
+
+    @property
+    def guard(self) -> Optional[str]:
+        return self._data["guard"]
+
+    @guard.setter
+    def guard(self, name: str) -> None:
+        self._data["guard"] = name
+
+    def as_dict(self) -> dict:
+        return dict(self._data, roots=list(self.roots))
+
+
 class SearchState:
-    """The state of one search and its file (`path`; None keeps it in memory)."""
+    """The state of one search and its file (`path`; None keeps it in memory): every read and write of the state
+    file's content goes through here."""
 
     def __init__(self, data: dict, path: Optional[str]):
-        self.data, self.path = data, path
+        self._data, self.path = data, path
 
     @classmethod
-    def open(cls, path: Optional[str], config: "SearchConfig", profile: Profile, provenance: dict,
+    def open(cls, path: Optional[str], config: SearchConfig, profile: Profile, provenance: dict,
              starts: list) -> "SearchState":
         """The state in `path` when it belongs to this search (a larger budget continues it), else a new one.
         `starts`: the names of the start masks. A state file of another search is refused and left untouched."""
@@ -228,10 +265,78 @@ class SearchState:
             data["done"], data["final"] = False, None  # a larger budget continues the search
         return cls(data, path)
 
+    @classmethod
+    def peek(cls, path: str) -> Optional["SearchState"]:
+        """The state file at `path` as it is, read-only (None when there is none or it can't be read: the search
+        itself says why when it runs)."""
+        try:
+            return cls(load_state(path), None) if os.path.isfile(path) else None
+        except GCacheError:
+            return None
+
     # ------------------------------------------------------------------------------------------ reading
     @property
     def history(self) -> list:
-        return self.data["history"]
+        """One entry per proposal, in the order results came back (module docstring)."""
+        return self._data["history"]
+
+    @property
+    def masks(self) -> dict:
+        """mask key -> {"loss", "seconds", "first", "per_seed"?}: each distinct mask's measurement."""
+        return self._data["masks"]
+
+    @property
+    def pending(self) -> list:
+        return self._data["pending"]
+
+    @property
+    def final(self) -> Optional[dict]:
+        """The argmin-μ mask measured at the end (None before)."""
+        return self._data.get("final")
+
+    @property
+    def polish(self) -> PolishClimb:
+        return PolishClimb(self._data["polish"])
+
+    @property
+    def checked(self) -> Optional[dict]:
+        """The forecaster check (forecaster_check.py): {"mask", "results": name -> {"loss", "per_seed"?}}, or None
+        before it ran."""
+        return self._data.get("forecasters")
+
+    @property
+    def config(self) -> dict:
+        """The config the file was written with (SearchConfig as a dict)."""
+        return self._data.get("config") or {}
+
+    @property
+    def seed(self) -> int:
+        """The search seed (SearchConfig.seed): the GP's candidates, the polish's move order, the halves' split."""
+        return int(self.config.get("seed", 0))
+
+    @property
+    def provenance(self) -> dict:
+        return dict(self._data.get("provenance") or {})
+
+    @property
+    def profile_id(self) -> dict:
+        return self._data.get("profile")
+
+    @property
+    def search_id(self) -> str:
+        return self._data["fingerprint"]  # the file's name for it (format version 2)
+
+    @property
+    def done(self) -> bool:
+        return self._data["done"]
+
+    @property
+    def theta(self) -> Optional[list]:
+        return self._data["gp"]["theta"]
+
+    @theta.setter
+    def theta(self, value: Optional[list]) -> None:
+        self._data["gp"]["theta"] = value
 
     def best(self, upto: Optional[int] = None, kinds: Optional[tuple] = None, with_final: bool = False
              ) -> Optional[dict]:
@@ -240,34 +345,10 @@ class SearchState:
         entry measured at the end competes too (after every entry on a tie). None when there is none."""
         hist = self.history[:upto] if upto is not None else self.history
         pool = [h for h in hist if kinds is None or h["kind"] in kinds]
-        fin = self.data.get("final")
-        if with_final and fin is not None and (kinds is None or "final" in kinds):
+        fin = self.final
+        if with_final and fin is not None and (kinds is None or FINAL in kinds):
             pool.append(fin)
         return min(pool, key=lambda h: (h["loss"], h.get("i", math.inf)), default=None)
-
-    @property
-    def masks(self) -> dict:
-        return self.data["masks"]
-
-    @property
-    def pending(self) -> list:
-        return self.data["pending"]
-
-    @property
-    def search_id(self) -> str:
-        return self.data["fingerprint"]  # the file's name for it (format version 2)
-
-    @property
-    def done(self) -> bool:
-        return self.data["done"]
-
-    @property
-    def theta(self) -> Optional[list]:
-        return self.data["gp"]["theta"]
-
-    @theta.setter
-    def theta(self, value: Optional[list]) -> None:
-        self.data["gp"]["theta"] = value
 
     def proposed(self) -> int:
         """Proposals made so far: the finished ones and those still out."""
@@ -289,6 +370,17 @@ class SearchState:
         if per_seed is not None:
             self.masks[key]["per_seed"] = per_seed
 
+    def dispatch(self, proposal: dict) -> None:
+        """A proposal goes out: pending until its result comes back."""
+        self.pending.append(proposal)
+
+    def returned(self, proposal: dict) -> list:
+        """The proposal's result is back: it and every other pending proposal of the same mask (proposed while it was
+        out) leave the pending list; returns those others."""
+        others = [o for o in self.pending if o["mask"] == proposal["mask"] and o is not proposal]
+        self.pending[:] = [o for o in self.pending if o["mask"] != proposal["mask"]]
+        return others
+
     def record(self, proposal: dict, seconds: float, reused: bool) -> dict:
         """Append the history entry of a proposal whose mask is measured; returns the entry."""
         entry = {"i": len(self.history), "kind": proposal["kind"], "s": proposal["s"], "mask": proposal["mask"],
@@ -300,10 +392,18 @@ class SearchState:
         self.history.append(entry)
         return entry
 
+    def check_results(self, key: str) -> dict:
+        """The forecaster check's results on mask `key` (name -> {"loss", "per_seed"?}), to be filled: a check of
+        another mask is dropped."""
+        checked = self.checked
+        if not checked or checked.get("mask") != key:
+            checked = self._data["forecasters"] = {"mask": key, "results": {}}
+        return checked["results"]
+
     def finish(self, final: dict) -> None:
-        self.data["final"], self.data["done"] = final, True
+        self._data["final"], self._data["done"] = final, True
         self.save()
 
     def save(self) -> None:
         if self.path:
-            atomic_write_text(self.path, json.dumps(self.data, indent=1, allow_nan=False))
+            atomic_write_text(self.path, json.dumps(self._data, indent=1, allow_nan=False))

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from gcache.core.errors import GCacheError
-from gcache.search import cli
+from gcache.search.infra import cli
 
 DEMO, SEARCH, CLUSTER = "gcache.reference_model.demo", "gcache.reference_model.search", "gcache.reference_model.cluster"
 # (id, module, arguments, what stderr must say, what it must not say, modules that cannot be imported in that run)
@@ -27,6 +27,11 @@ CASES = [
     ("demo-out-not-writable", DEMO, ["--out", "locked/sub"], ["cannot be written"], [], ()),
     ("demo-not-a-number", DEMO, ["--k", "abc"], ["argument --k: invalid int value: 'abc'"], ["usage"], ()),
     ("search-k-before-lpips", SEARCH, ["--k", "40"], ["K = 40"], ["LPIPS"], ()),
+    ("search-k-equals-steps", SEARCH, ["--k", "30"], ["K = 30 computes every one of the 30 steps"], ["LPIPS"], ()),
+    ("search-forecast-unknown", SEARCH, ["--forecast", "cubic"], ["argument --forecast: invalid choice: 'cubic'"],
+     ["usage"], ()),
+    ("search-fitted-budget", SEARCH, ["--forecast", "fitted", "--budget", "25", "--objective", "ssim"],
+     ["minimum useful budget is 26"], ["LPIPS"], ()),
     ("search-several", SEARCH, ["--steps", "1", "--budget", "3", "--search-seeds", "abc", "--eval-seeds", "5-3",
                                 "--seed", "-1", "--out", "afile.txt"],
      ["--steps 1", "minimum useful budget", "--search-seeds must look like", "--eval-seeds '5-3' names no seed",
@@ -37,6 +42,8 @@ CASES = [
     ("search-lpips-package-missing", SEARCH, ["--k", "10"], ["needs lpips", "-m pip install lpips"], [], ("lpips",)),
     ("cluster-several", CLUSTER, ["--k", "40", "--workers", "0", "--search-seeds", "x", "--out", "afile.txt"],
      ["K = 40", "--workers 0", "--search-seeds must look like", "--out afile.txt is a file"], ["Ray"], ()),
+    ("cluster-k-equals-steps", CLUSTER, ["--k", "30", "--eval-seeds", "1000"],
+     ["K = 30 computes every one of the 30 steps", "--search-seeds and --eval-seeds overlap"], ["Ray"], ()),
     ("cluster-ray-and-lpips-backbone-missing", CLUSTER, ["--objective", "lpips_ssim"],
      ["needs Ray", "-m pip install ray==2.60.0", "cluster extra of comfyui-gcache", "LPIPS needs"], [], ("ray",)),
     ("cluster-comfyui-files-missing", CLUSTER,

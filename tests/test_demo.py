@@ -11,7 +11,7 @@ from gcache.core.profile import Profile
 from gcache.reference_model import demo
 from gcache.reference_model.harness import ReferenceHarness
 from gcache.search.dp import dp_mask
-from gcache.search.objectives import ssim
+from gcache.search.infra.objectives import ssim
 
 
 def test_demo_writes_profile_policy_grid(tmp_path, capsys):

@@ -7,7 +7,7 @@ import pytest
 
 from gcache.core.errors import GCacheError
 from gcache.nodes.search_jobs.background import Jobs, file_names
-from gcache.search.bilevel import run_search
+from gcache.search.loop import run_search
 from gcache.search.config import SearchConfig
 from gcache.search.state import load_state
 from test_search_bilevel import CFG, Evaluator, make_profile

@@ -8,8 +8,8 @@ ray = pytest.importorskip("ray", reason="Ray is the optional 'cluster' extra: pi
 
 from gcache.search.config import SearchConfig  # noqa: E402
 from gcache.reference_model.cluster import ReferenceWorker  # noqa: E402
-from gcache.search.ray_executor import RayExecutor  # noqa: E402
-from gcache.search.parallel import run_search_parallel  # noqa: E402
+from gcache.search.infra.ray_executor import RayExecutor  # noqa: E402
+from gcache.search.loop import run_batch_search  # noqa: E402
 
 N, SEEDS = 8, [100, 101]
 
@@ -38,22 +38,31 @@ def test_two_workers_finish_the_search_and_survive_a_killed_worker(cluster, prof
             os.kill(pids[0], signal.SIGKILL)
             killed.append(pids[0])
     try:
-        res = run_search_parallel(profile, SearchConfig(k=3, degree=2, budget=14, objective="ssim"), ex, q=2,
+        res = run_batch_search(profile, SearchConfig(k=3, degree=2, budget=14, objective="ssim"), ex, q=2,
                                   state_path=str(tmp_path / "s.json"), provenance={"seeds": SEEDS}, progress=kill_one)
         after = ex.pids()
     finally:
         ex.close()
-    assert killed and len(res.history) == 14 and res.state["done"] and res.state["pending"] == []
+    assert killed and len(res.history) == 14 and res.state.done and res.state.pending == []
     assert pids[0] not in after  # the dead worker was replaced
-    assert res.policy.n_computed == 3 and all(len(m.get("per_seed", [])) == 2 for m in res.state["masks"].values())
+    assert res.policy.n_computed == 3 and all(len(m.get("per_seed", [])) == 2 for m in res.state.masks.values())
 
 
 def test_cluster_command_writes_policy_and_state(cluster, tmp_path, capsys):
     from gcache.reference_model.cluster import main
+    import json
+
+    from gcache.core.policy import Policy
+    from gcache.reference_model.harness import ReferenceHarness
     assert main(["--workers", "2", "--steps", "8", "--k", "3", "--budget", "14", "--degree", "2",
-                 "--search-seeds", "100-101", "--out", str(tmp_path)]) == 0
+                 "--search-seeds", "100-101", "--eval-seeds", "0-1", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "policy_N8_K3.json").exists() and (tmp_path / "search_state_N8_K3.json").exists()
-    assert '"evaluations"' in capsys.readouterr().out.strip().splitlines()[-1]
+    out = capsys.readouterr().out.strip().splitlines()
+    pol = Policy.load(str(tmp_path / "policy_N8_K3.json"))
+    held = ReferenceHarness(8).held_out(pol, [0, 1])  # the held-out figure, measured again here
+    assert pol.metrics["eval_psnr"] == held["eval_psnr"] and pol.provenance["eval_seeds"] == [0, 1]
+    assert f"held-out PSNR {held['eval_psnr']:.2f} dB" in "\n".join(out)
+    assert json.loads(out[-1])["eval_psnr"] == round(held["eval_psnr"], 3)
 
 
 def _closed_port() -> int:

@@ -2,7 +2,7 @@
 import pytest
 
 from gcache.core.errors import GCacheError
-from gcache.search.comfyui_worker import ComfyUIWorker
+from gcache.search.infra.comfyui_worker import ComfyUIWorker
 
 
 def api_workflow(cfg=3.0, seed=0, prefix="gcache_eval"):

@@ -19,9 +19,26 @@ def test_search_command_writes_policy_state_and_png(tmp_path, tiny_model, capsys
     # a rerun resumes from the finished state and writes the same policy
     assert main(args, harness=ReferenceHarness(8, model=tiny_model)) == 0
     assert Policy.load(str(tmp_path / "policy_N8_K3.json")).mask == pol.mask
+    # what it prints of the speed-up is what the policy says (search/result.py: one computation)
+    from gcache.search.result import predicted_speedup_text
+    assert predicted_speedup_text(pol) in capsys.readouterr().out and pol.metrics["predicted_speedup"] > 1
     # overlapping seeds are refused
     assert main(args[:-6] + ["--search-seeds", "0-1", "--eval-seeds", "1-2", "--out", str(tmp_path)]) == 2
     assert "overlap" in capsys.readouterr().err
+
+
+def test_a_fitted_search_command_checks_the_other_forecaster_and_measures_its_policy(tmp_path, tiny_model, capsys):
+    from gcache.reference_model.search import main
+    h = ReferenceHarness(8, model=tiny_model)
+    args = ["--steps", "8", "--k", "3", "--budget", "22", "--degree", "2", "--objective", "ssim", "--forecast",
+            "fitted", "--search-seeds", "100-101", "--eval-seeds", "0-1", "--out", str(tmp_path)]
+    assert main(args, harness=h) == 0
+    pol = Policy.load(str(tmp_path / "policy_N8_K3.json"))
+    state = json.loads((tmp_path / "search_state_N8_K3.json").read_text())
+    assert state["config"]["forecast"] == "fitted" and set(state["forecasters"]["results"]) == {"l2p"}  # the check ran
+    assert pol.forecast in ("fitted", "l2p") and pol.provenance["forecast"]["check"]["searched_with"] == "fitted"
+    assert pol.metrics["eval_psnr"] == h.held_out(pol, [0, 1])["eval_psnr"]  # under the policy's own forecaster
+    assert f"forecaster {pol.forecast}" in capsys.readouterr().out
 
 
 def test_quality_bench_runs(tiny_model, capsys):

@@ -58,7 +58,7 @@ def test_bad_e1_and_profiles_without_it_say_what_to_do():
 
 
 def test_forecast_search_uses_e1_seeds_the_reuse_mask_and_records_the_forecaster():
-    from gcache.search.bilevel import run_search
+    from gcache.search.loop import run_search
     from gcache.search.config import SearchConfig
     prof = make_profile()
     rng = np.random.default_rng(1)

@@ -9,7 +9,7 @@ import pytest
 from gcache.core.errors import GCacheError
 from gcache.core.policy import Policy
 from gcache.search import forecaster_check
-from gcache.search.bilevel import mask_key, run_search
+from gcache.search.loop import mask_key, run_search
 from gcache.search.config import SearchConfig
 from gcache.search.forecaster_check import candidates, pick
 from gcache.search.state import load_state
@@ -27,6 +27,8 @@ def prof():
 class Evaluator:
     """Per-seed losses of two seeds for (mask, forecaster): a fixed function of the mask times the forecaster's factor
     (the second seed 1.1 times the first, so both halves move together); records every call."""
+
+    can_apply_forecaster = True  # it says so (search/executor.py): evaluate(mask, forecast=name)
 
     def __init__(self, factors):
         self.factors, self.calls = factors, []
@@ -74,14 +76,14 @@ def test_a_better_forecaster_on_the_chosen_mask_becomes_the_policys(prof, tmp_pa
     key = mask_key(pol.mask)
     assert [c for c in ev.calls if c[1] is not None] == [(key, "l2p")]  # one evaluation, on the chosen mask
     assert pol.forecast == "l2p" and pol.forecast_params == Policy.for_mask(prof, pol.mask, "l2p").forecast_params
-    own = res.state["masks"][key]["loss"]
+    own = res.state.masks[key]["loss"]
     assert pol.metrics["loss"] == pytest.approx(own * 0.5)
     check = pol.provenance["forecast"]
     assert check["chosen_by"] == "forecaster check" and check["check"]["searched_with"] == "fitted"
     assert check["check"]["l2p"]["minus_searched"]["mean"] == pytest.approx(-own * 0.5)
     on_disk = load_state(path)["forecasters"]
     assert on_disk["mask"] == key and on_disk["results"]["l2p"]["per_seed"] == pytest.approx(
-        [v * 0.5 for v in res.state["masks"][key]["per_seed"]])
+        [v * 0.5 for v in res.state.masks[key]["per_seed"]])
     # a search run again on its finished state measures nothing and gives the same policy
     again = Evaluator({"l2p": 0.5})
     res2 = run_search(prof, SearchConfig(**CFG), again, state_path=path, provenance={"seeds": [1, 2]})
@@ -93,7 +95,7 @@ def test_a_worse_forecaster_leaves_the_policy_as_searched(prof):
     res = run_search(prof, SearchConfig(**CFG), ev, provenance={"seeds": [1, 2]})
     pol = res.policy
     assert pol.forecast == "fitted" and pol.provenance["forecast"]["chosen_by"] == "search config"
-    assert pol.metrics["loss"] == res.state["masks"][mask_key(pol.mask)]["loss"]
+    assert pol.metrics["loss"] == res.state.masks[mask_key(pol.mask)]["loss"]
     assert pol.provenance["forecast"]["check"]["l2p"]["loss"] == pytest.approx(2 * pol.metrics["loss"])
 
 

@@ -8,7 +8,7 @@ from gcache.core.weights import analytic_w, bernstein_w
 from gcache.search.baselines import local_dp_policy, theory_dp_policy
 from gcache.search.dp import dp_mask
 from gcache.search.instant import instant_policy, propagation_weights
-from gcache.search.plots import plot_policy
+from gcache.search.infra.plots import plot_policy
 from test_search_bilevel import make_profile
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gcache.core.errors import GCacheError
-from gcache.search import objectives as ob
+from gcache.search.infra import objectives as ob
 
 
 def _pair(b=3, c=3, s=32, noise=0.05, seed=0):
@@ -174,7 +174,7 @@ def test_real_lpips_orders_distortions():
 def test_lpips_reads_every_pth_with_weights_only_and_gets_the_papers_lin_layers(monkeypatch):
     import lpips
     import torch
-    from gcache.search import objectives as ob
+    from gcache.search.infra import objectives as ob
     seen = []
     real_load = torch.load
 

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from gcache.core.errors import GCacheError
-from gcache.search.bilevel import InProcessExecutor, run_search
+from gcache.search.executor import InProcessExecutor
+from gcache.search.loop import run_batch_search, run_search
 from gcache.search.config import SearchConfig
-from gcache.search.parallel import ThreadExecutor, run_search_parallel
+from gcache.search.infra.parallel import ThreadExecutor
 from test_search_bilevel import CFG, Evaluator, make_profile
 
 
@@ -32,7 +33,7 @@ def test_batch_search_spends_the_budget_once_per_mask(q, tmp_path):
     ev = Counting(prof)
     ex = ThreadExecutor(ev, workers=q)
     try:
-        res = run_search_parallel(prof, SearchConfig(**CFG), ex, q=q, state_path=str(tmp_path / "s.json"))
+        res = run_batch_search(prof, SearchConfig(**CFG), ex, q=q, state_path=str(tmp_path / "s.json"))
     finally:
         ex.close()
     assert len(res.history) == CFG["budget"] and [h["i"] for h in res.history] == list(range(CFG["budget"]))
@@ -44,18 +45,18 @@ def test_batch_search_spends_the_budget_once_per_mask(q, tmp_path):
 
 
 def test_one_in_flight_is_the_sequential_search():
-    """q = 1 proposes, measures and chooses exactly what bilevel.run_search does (the benchmark's baseline)."""
+    """q = 1 proposes, measures and chooses exactly what loop.run_search does (the benchmark's baseline)."""
     prof = make_profile()
     seq = run_search(prof, SearchConfig(**CFG), Evaluator(prof))
     ex = ThreadExecutor(Counting(prof), workers=1)
     try:
-        par = run_search_parallel(prof, SearchConfig(**CFG), ex, q=1)
+        par = run_batch_search(prof, SearchConfig(**CFG), ex, q=1)
     finally:
         ex.close()
     strip = ("seconds", "gp_seconds")
     assert [{k: v for k, v in h.items() if k not in strip} for h in par.history] == \
         [{k: v for k, v in h.items() if k not in strip} for h in seq.history]
-    assert par.policy.mask == seq.policy.mask and par.state["final"]["mask"] == seq.state["final"]["mask"]
+    assert par.policy.mask == seq.policy.mask and par.state.final["mask"] == seq.state.final["mask"]
 
 
 def test_batch_search_is_as_good_as_the_sequential_one():
@@ -63,7 +64,7 @@ def test_batch_search_is_as_good_as_the_sequential_one():
     first): the same batch search on every machine, whatever the threads' timing would have been."""
     prof = make_profile()
     seq = run_search(prof, SearchConfig(**dict(CFG, budget=24)), Evaluator(prof))
-    par = run_search_parallel(prof, SearchConfig(**dict(CFG, budget=24)), InProcessExecutor(Evaluator(prof)), q=2)
+    par = run_batch_search(prof, SearchConfig(**dict(CFG, budget=24)), InProcessExecutor(Evaluator(prof)), q=2)
     assert [h["mask"] for h in par.history] != [h["mask"] for h in seq.history]  # it did search otherwise
     assert par.policy.metrics["loss"] <= seq.policy.metrics["loss"] * 1.05
 
@@ -77,10 +78,10 @@ def test_gp_proposals_made_while_another_is_out_look_elsewhere(monkeypatch):
     def gp_steps(res):  # results come back in dispatch order: each GP proposal was made while the one before was out
         s = np.array([h["s"] for h in res.history if h["kind"] == "gp"])
         return np.linalg.norm(np.diff(s, axis=0), axis=1)
-    spread = gp_steps(run_search_parallel(prof, SearchConfig(**dict(CFG, budget=24)),
+    spread = gp_steps(run_batch_search(prof, SearchConfig(**dict(CFG, budget=24)),
                                           InProcessExecutor(Evaluator(prof)), q=2))
     monkeypatch.setattr(GPLCB, "add_pending", lambda self, S: None)
-    blind = gp_steps(run_search_parallel(prof, SearchConfig(**dict(CFG, budget=24)),
+    blind = gp_steps(run_batch_search(prof, SearchConfig(**dict(CFG, budget=24)),
                                          InProcessExecutor(Evaluator(prof)), q=2))
     assert spread.min() > 1.0 and blind.min() < 0.5  # in s ∈ [0, 10]^3; the control shows what GP-BUCB prevents
 
@@ -92,7 +93,7 @@ def test_a_loss_that_is_no_number_stops_the_batch_search_with_what_to_do(tmp_pat
     ex = ThreadExecutor(lambda mask: bad, workers=2)
     try:
         with pytest.raises(GCacheError, match="not a finite loss"):
-            run_search_parallel(prof, SearchConfig(**CFG), ex, q=2, state_path=str(path))
+            run_batch_search(prof, SearchConfig(**CFG), ex, q=2, state_path=str(path))
     finally:
         ex.close()
     state = json.loads(path.read_text())
@@ -104,7 +105,7 @@ def test_killed_coordinator_resumes_losing_at_most_q(tmp_path):
     path = str(tmp_path / "s.json")
     ex = ThreadExecutor(Counting(prof, crash_after=6), workers=2)
     with pytest.raises(KeyboardInterrupt):
-        run_search_parallel(prof, SearchConfig(**CFG), ex, q=2, state_path=path)
+        run_batch_search(prof, SearchConfig(**CFG), ex, q=2, state_path=path)
     ex.close()
     before = json.loads(open(path).read())
     done, out = len(before["history"]), {p["mask"] for p in before["pending"]}
@@ -112,7 +113,7 @@ def test_killed_coordinator_resumes_losing_at_most_q(tmp_path):
     ev = Counting(prof)
     ex = ThreadExecutor(ev, workers=2)
     try:
-        res = run_search_parallel(prof, SearchConfig(**CFG), ex, q=2, state_path=path)
+        res = run_batch_search(prof, SearchConfig(**CFG), ex, q=2, state_path=path)
     finally:
         ex.close()
     assert len(res.history) == CFG["budget"] and res.history[:done] == before["history"]
@@ -124,9 +125,9 @@ def test_killed_coordinator_resumes_losing_at_most_q(tmp_path):
 def test_small_q_and_budget_are_refused():
     prof = make_profile()
     with pytest.raises(GCacheError, match="q"):
-        run_search_parallel(prof, SearchConfig(**CFG), ThreadExecutor(Counting(prof)), q=0)
+        run_batch_search(prof, SearchConfig(**CFG), ThreadExecutor(Counting(prof)), q=0)
     with pytest.raises(GCacheError, match="minimum useful budget"):
-        run_search_parallel(prof, SearchConfig(**dict(CFG, budget=11)), ThreadExecutor(Counting(prof)), q=2)
+        run_batch_search(prof, SearchConfig(**dict(CFG, budget=11)), ThreadExecutor(Counting(prof)), q=2)
     with pytest.raises(GCacheError, match="minimum useful budget is 13"):  # the extra start mask counts too
-        run_search_parallel(prof, SearchConfig(**dict(CFG, budget=12)), ThreadExecutor(Counting(prof)), q=2,
+        run_batch_search(prof, SearchConfig(**dict(CFG, budget=12)), ThreadExecutor(Counting(prof)), q=2,
                             extra_masks=[("mine", [1, 1, 1, 1, 1] + [0] * 9)])

@@ -16,12 +16,14 @@ from gcache.core import forecasters
 from gcache.core.errors import GCacheError
 from gcache.core.profile import ProfileRecorder
 from gcache.core.weights import analytic_w
-from gcache.search.bilevel import InProcessExecutor, mask_key, run_search
+from gcache.search.executor import InProcessExecutor
+from gcache.search.loop import mask_key, run_batch_search, run_search
 from gcache.search.choice import choose
 from gcache.search.config import SearchConfig
 from gcache.search.instant import instant_policy
-from gcache.search.parallel import ThreadExecutor, run_search_parallel
-from gcache.search.polish import GUARDS, POLISH_Z, beyond_z, halves, improves, moves
+from gcache.search.infra.parallel import ThreadExecutor
+from gcache.search import paired
+from gcache.search.polish import moves
 from gcache.search.starts import start_count, start_masks
 from gcache.search.state import SearchState, load_state
 from test_search_bilevel import CFG, Evaluator, make_profile
@@ -63,54 +65,6 @@ def test_moves_keep_k_and_step_0_and_come_nearest_first():
     assert by_ring == sorted(by_ring)  # within a ring, the lowest score first
 
 
-def test_halves_split_the_seeds_in_two():
-    for n in (2, 3, 16):
-        a, b = halves(n, seed=5)
-        assert sorted(a + b) == list(range(n)) and len(a) == n // 2 and halves(n, seed=5) == (a, b)
-
-
-def test_a_move_is_accepted_only_when_both_halves_improve():
-    split = ([0, 1], [2, 3])
-    old = {"loss": 1.0, "per_seed": [1.0, 1.0, 1.0, 1.0]}
-    one_half = {"loss": 0.9, "per_seed": [0.5, 0.7, 1.1, 1.3]}   # the mean falls, half B rises
-    both = {"loss": 0.95, "per_seed": [0.9, 1.0, 0.9, 1.0]}
-    assert not improves(one_half, old, split) and improves(one_half, old, None)  # without halves: the mean
-    assert improves(both, old, split)
-    assert improves({"loss": 0.5}, {"loss": 0.6}, split)  # no per-seed losses: the mean loss decides
-
-
-def test_the_z_guard_by_hand():
-    old = {"loss": 1.0, "per_seed": [1.0, 1.0, 1.0, 1.0]}
-    # d = [-0.4, 0.1, -0.4, 0.1]: mean -0.15, sample s.d. 0.2887, s.e. 0.1443: 1.039 standard errors
-    assert beyond_z({"loss": 0.85, "per_seed": [0.6, 1.1, 0.6, 1.1]}, old)
-    assert not beyond_z({"loss": 0.85, "per_seed": [0.6, 1.1, 0.6, 1.1]}, old, z=1.05)
-    # d = [-0.5, 0.2, -0.5, 0.2]: mean -0.15, s.e. 0.2021: 0.742 — beyond 0.674, not 0.75
-    lopsided = {"loss": 0.85, "per_seed": [0.5, 1.2, 0.5, 1.2]}
-    assert beyond_z(lopsided, old) and not beyond_z(lopsided, old, z=0.75)
-    # d = [-0.7, 0.3, -0.7, 0.3]: mean -0.2, s.e. 0.2887: 0.693; d = [-0.9, 0.5, -0.9, 0.5]: 0.5
-    assert beyond_z({"loss": 0.8, "per_seed": [0.3, 1.3, 0.3, 1.3]}, old)
-    assert not beyond_z({"loss": 0.8, "per_seed": [0.1, 1.5, 0.1, 1.5]}, old)
-    assert beyond_z({"loss": 0.9, "per_seed": [0.9] * 4}, old)  # the same gain on every seed: s.e. 0
-    assert not beyond_z({"loss": 1.0, "per_seed": [1.0] * 4}, old) and not beyond_z({"loss": 1.1, "per_seed": [1.1] * 4}, old)
-    assert beyond_z({"loss": 0.5}, {"loss": 0.6}) and not beyond_z({"loss": 0.7}, {"loss": 0.6})  # the mean decides
-    assert GUARDS == ("halves", "z") and POLISH_Z == pytest.approx(0.6745, abs=1e-3)  # the normal's 75 % point
-
-
-def test_under_the_z_guard_a_null_move_passes_one_time_in_four():
-    """Per-seed differences that are pure noise: the z guard passes about 1 in 4 of them, as both halves do (each
-    half's mean falls with probability 1/2)."""
-    rng = np.random.default_rng(0)
-    old = {"loss": 1.0, "per_seed": [1.0] * 16}
-    z_pass = halves_pass = 0
-    split = halves(16, 0)
-    for _ in range(4000):
-        per_seed = list(1.0 + rng.standard_normal(16) * 0.1)
-        new = {"loss": float(np.mean(per_seed)), "per_seed": per_seed}
-        z_pass += beyond_z(new, old)
-        halves_pass += improves(new, old, split)
-    assert abs(z_pass / 4000 - 0.25) < 0.03 and abs(halves_pass / 4000 - 0.25) < 0.03
-
-
 @pytest.mark.parametrize("guard", ["halves", "z"])
 def test_the_guard_of_a_search_decides_which_moves_are_kept(guard):
     prof = make_profile()
@@ -120,12 +74,12 @@ def test_the_guard_of_a_search_decides_which_moves_are_kept(guard):
         v = Evaluator(prof)(mask)
         return list(v * (0.2 + 2.0 * rng.random(6)))
     res = run_search(prof, SearchConfig(**dict(POLISHED, polish_guard=guard)), evaluate)
-    assert res.state["polish"]["guard"] == guard
+    assert res.state.polish.guard == guard
     moves_ = [h for h in res.history if h["kind"] == "polish"]
     differ = 0
     for h in moves_:  # one in flight: every move's parent is the incumbent when it comes back
-        new, old = res.state["masks"][h["mask"]], res.state["masks"][h["parent"]]
-        z_says, halves_say = beyond_z(new, old), improves(new, old, halves(6, CFG["seed"]))
+        new, old = res.state.masks[h["mask"]], res.state.masks[h["parent"]]
+        z_says, halves_say = paired.POLISH.decide(new, old), paired.HALVES.decide(new, old, CFG["seed"])
         assert h["accepted"] == (z_says if guard == "z" else halves_say)
         differ += z_says != halves_say
     assert moves_ and differ  # the two guards disagree on some move here, so the guard in force is the one tested
@@ -141,11 +95,11 @@ def test_the_guard_is_no_part_of_the_search_identity_and_a_resumed_search_keeps_
     prof = make_profile()
     path = str(tmp_path / "s.json")
     first = run_search(prof, halves_cfg, seeded(prof), state_path=path)
-    assert first.state["polish"]["guard"] == "halves"
+    assert first.state.polish.guard == "halves"
     with caplog.at_level(logging.INFO, logger="gcache"):
         again = run_search(prof, SearchConfig(**dict(POLISHED, budget=POLISHED["budget"] + 4)), seeded(prof),
                            state_path=path)
-    assert again.state["polish"]["guard"] == "halves" and len(again.history) == POLISHED["budget"] + 4
+    assert again.state.polish.guard == "halves" and len(again.history) == POLISHED["budget"] + 4
     assert "started polishing with the 'halves' guard and keeps it" in caplog.text
 
 
@@ -165,14 +119,14 @@ def test_polish_moves_have_parents_keep_k_and_follow_the_incumbent():
             if inc is None:  # the first climb starts from the best mask measured before it
                 inc = min((e for e in hist if e["i"] < h["i"]), key=lambda e: (e["loss"], e["i"]))["mask"]
             assert h["parent"] == inc
-            new, old = res.state["masks"][h["mask"]]["per_seed"], res.state["masks"][inc]["per_seed"]
+            new, old = res.state.masks[h["mask"]]["per_seed"], res.state.masks[inc]["per_seed"]
             # the z guard, by hand: two seeds whose differences are d and 1.1·d have a paired gain of 21 standard
             # errors, so a move is kept exactly when it lowers both seeds' losses
             assert h["accepted"] == (new[0] < old[0] and new[1] < old[1])
             if h["accepted"]:
                 inc = h["mask"]
         seen.add(h["mask"])
-    assert res.state["polish"]["guard"] == "z" and res.state["polish"]["incumbent"] == inc
+    assert res.state.polish.guard == "z" and res.state.polish.incumbent == inc
     assert res.policy.provenance["polish"]["moves"] == 6
 
 
@@ -195,7 +149,7 @@ def test_polish_finds_a_better_mask_than_the_gp_alone():
     prof = make_profile()
     plain = seeded(prof)
     first = run_search(prof, SearchConfig(**POLISHED), plain)
-    root = first.state["polish"]["roots"][0]
+    root = first.state.polish.roots[0]
     ring1 = [m for m in moves(root, CFG["seed"]) if _distance(m, root) == 1]
     target = ring1[-1]
 
@@ -203,7 +157,7 @@ def test_polish_finds_a_better_mask_than_the_gp_alone():
         v = plain(mask)
         return [x * (0.3 if mask_key(mask) == target else 1.0) for x in v]
     gp_only = run_search(prof, SearchConfig(**dict(POLISHED, polish_share=0.0)), evaluate)
-    assert target not in gp_only.state["masks"]
+    assert target not in gp_only.state.masks
     polished = run_search(prof, SearchConfig(**POLISHED), evaluate)
     assert mask_key(polished.policy.mask) == target and polished.policy.provenance["won"] == "gcache polish"
     assert polished.policy.metrics["loss"] < gp_only.policy.metrics["loss"]
@@ -227,7 +181,7 @@ def test_killed_in_the_polish_stage_a_search_resumes_to_the_same_end(tmp_path, o
     resumed = run_search(prof, SearchConfig(**POLISHED), seeded(prof), state_path=path)
     strip = lambda hist: [{k: v for k, v in h.items() if k not in ("seconds", "gp_seconds")} for h in hist]  # noqa
     assert strip(resumed.history) == strip(full.history)
-    assert resumed.policy.mask == full.policy.mask and resumed.state["polish"] == full.state["polish"]
+    assert resumed.policy.mask == full.policy.mask and resumed.state.polish.as_dict() == full.state.polish.as_dict()
 
 
 def test_a_search_killed_with_sigkill_in_the_polish_stage_resumes_to_the_same_end(tmp_path):
@@ -240,7 +194,7 @@ def test_a_search_killed_with_sigkill_in_the_polish_stage_resumes_to_the_same_en
     script = f"""
 import json, os, sys
 sys.path.insert(0, {os.path.dirname(__file__)!r})
-from gcache.search.bilevel import run_search
+from gcache.search.loop import run_search
 from gcache.search.config import SearchConfig
 from test_search_bilevel import make_profile
 from test_search_polish import POLISHED, seeded
@@ -283,18 +237,18 @@ def test_two_in_flight_polish_spends_the_budget_once_per_mask_and_resumes(tmp_pa
     def evaluate(mask):
         calls.append(mask_key(mask))
         return seeded(prof)(mask)
-    par = run_search_parallel(prof, SearchConfig(**POLISHED), InProcessExecutor(evaluate), q=2)
+    par = run_batch_search(prof, SearchConfig(**POLISHED), InProcessExecutor(evaluate), q=2)
     assert len(par.history) == POLISHED["budget"] and len(calls) == len(set(calls)) == par.evaluations
     pol = [h for h in par.history if h["kind"] == "polish"]
     assert len(pol) == 6 and all(h["parent"] in {e["mask"] for e in par.history[:h["i"]]} for h in pol)
     # killed with two moves out: the resumed batch search dispatches them again and ends where the whole one did
     path = str(tmp_path / "s.json")
     with pytest.raises(RuntimeError, match="simulated crash"):
-        run_search_parallel(prof, SearchConfig(**POLISHED), InProcessExecutor(seeded(prof, crash_at=len(calls) - 3)),
+        run_batch_search(prof, SearchConfig(**POLISHED), InProcessExecutor(seeded(prof, crash_at=len(calls) - 3)),
                             q=2, state_path=path)
     before = load_state(path)
     assert len(before["pending"]) == 2 and any(p["kind"] == "polish" for p in before["pending"])
-    resumed = run_search_parallel(prof, SearchConfig(**POLISHED), InProcessExecutor(seeded(prof)), q=2,
+    resumed = run_batch_search(prof, SearchConfig(**POLISHED), InProcessExecutor(seeded(prof)), q=2,
                                   state_path=path)
     assert [h["mask"] for h in resumed.history] == [h["mask"] for h in par.history]
     assert resumed.policy.mask == par.policy.mask
@@ -305,7 +259,7 @@ def test_polish_with_thread_workers_measures_each_mask_once():
     ev = seeded(prof)
     ex = ThreadExecutor(ev, workers=2)
     try:
-        res = run_search_parallel(prof, SearchConfig(**POLISHED), ex, q=2)
+        res = run_batch_search(prof, SearchConfig(**POLISHED), ex, q=2)
     finally:
         ex.close()
     assert len(res.history) == POLISHED["budget"] and len(ev.calls) == len(set(ev.calls)) == res.evaluations
@@ -316,7 +270,7 @@ def test_without_per_seed_losses_polish_falls_back_to_the_mean_and_says_so(caplo
     prof = make_profile()
     with caplog.at_level("INFO", logger="gcache"):
         res = run_search(prof, SearchConfig(**POLISHED), Evaluator(prof))
-    assert res.state["polish"]["guard"] == "mean"
+    assert res.state.polish.guard == "mean"
     assert "no per-seed losses for two or more seeds, so a move is kept whenever the loss falls" in caplog.text
 
 
@@ -357,34 +311,41 @@ def _state(entries, masks):
 
 
 def test_a_polish_chain_from_the_fallback_is_kept_within_the_noise_and_a_gp_mask_is_not():
+    """Under a noise margin (2 standard errors: the rule before bench/choice_regret.py, still a parameter) a chain of
+    accepted polish moves earns what a lone searched mask can't; under the search's own rule (CHOICE_Z = 0) the lowest
+    loss wins, but never a polish move the guard rejected."""
+    strict = paired.beyond_z(2.0)
     noisy = [0.9, 1.1, 0.9, 1.1]  # the start mask's per-seed losses
     masks = {"A": [1.0, 1.0, 1.0, 1.0], "G": [0.45, 1.40, 0.45, 1.40], "P": [0.90, 1.00, 0.92, 1.02], "B": noisy}
     # G: the lowest mean (0.925), 0.27 s.e. below A: not believable; P (mean 0.96): 1.4 s.e. below A, within the
     # noise margin (2) but a polish move from the fallback A that the seeds it was not chosen on agreed with
     st_ = _state([("instant", "A"), ("instant", "B"), ("gp", "G"), ("polish", "P", "A", True)], masks)
-    chosen, how, unchecked = choose(st_)
+    chosen, how, unchecked = choose(st_, rule=strict)
     assert chosen["mask"] == "P" and how == "beyond_noise" and not unchecked
+    assert choose(st_) == (st_.history[2], "best_evaluated", False)  # CHOICE_Z = 0: G, the lowest loss
     # the same move, not accepted (it failed the halves check): the fallback stays
     st_ = _state([("instant", "A"), ("instant", "B"), ("gp", "G"), ("polish", "P", "A", False)], masks)
-    chosen, how, _ = choose(st_)
+    chosen, how, _ = choose(st_, rule=strict)
     assert chosen["mask"] == "A" and how == "instant_within_noise"
     # a move the halves rejected is no candidate, even with a gain beyond the noise over the fallback: its parent is
     masks["R"], masks["H"] = [0.60, 0.61, 0.60, 0.61], [0.70, 0.70, 0.70, 0.70]
     st_ = _state([("instant", "A"), ("gp", "H"), ("polish", "R", "H", False)], masks)
-    assert choose(st_)[0]["mask"] == "H"
+    assert choose(st_, rule=strict)[0]["mask"] == "H" and choose(st_)[0]["mask"] == "H"
     # the same chain ending within one standard error of the fallback (0.4 s.e.): kept under CHAIN_Z = 0 (a lower
     # loss), not with chain_z = 1 (one standard error); a chain whose loss is not lower is never kept
     masks["P"] = [0.90, 1.05, 0.92, 1.06]
     st_ = _state([("instant", "A"), ("instant", "B"), ("gp", "G"), ("polish", "P", "A", True)], masks)
-    assert choose(st_)[0]["mask"] == "P" and choose(st_, chain_z=0.3)[0]["mask"] == "P"
-    assert choose(st_, chain_z=0.5)[0]["mask"] == "A" and choose(st_, chain_z=1.0)[0]["mask"] == "A"
+    assert choose(st_, rule=strict)[0]["mask"] == "P"
+    assert choose(st_, rule=strict, chain=paired.beyond_z(0.3))[0]["mask"] == "P"
+    assert choose(st_, rule=strict, chain=paired.beyond_z(0.5))[0]["mask"] == "A"
+    assert choose(st_, rule=strict, chain=paired.beyond_z(1.0))[0]["mask"] == "A"
     masks["P"] = [0.90, 1.10, 0.90, 1.10]  # equal to A's mean
     st_ = _state([("instant", "A"), ("gp", "G"), ("polish", "P", "A", True)], masks)
-    assert choose(st_)[0]["mask"] == "A"
+    assert choose(st_, rule=strict)[0]["mask"] == "A"
     # a chain rooted at the unbelievable G is not believable either
     masks["Q"] = [0.44, 1.39, 0.44, 1.39]
     st_ = _state([("instant", "A"), ("gp", "G"), ("polish", "Q", "G", True)], masks)
-    assert choose(st_)[0]["mask"] == "A"
+    assert choose(st_, rule=strict)[0]["mask"] == "A" and choose(st_)[0]["mask"] == "Q"
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -403,7 +364,7 @@ def test_the_search_never_returns_a_mask_worse_on_its_loss_than_its_best_start(s
     starts = [h["loss"] for h in res.history if h["kind"] == "instant"]
     loss = res.policy.metrics["loss"]
     assert loss <= min(starts)
-    assert loss == res.state["masks"][mask_key(res.policy.mask)]["loss"]
+    assert loss == res.state.masks[mask_key(res.policy.mask)]["loss"]
 
 
 # ------------------------------------------------------------------------------------------------ error models

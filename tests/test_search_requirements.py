@@ -1,11 +1,11 @@
-"""search/requirements.py: a missing optional package is a GCacheError that names it and the install command."""
+"""search/infra/requirements.py: a missing optional package is a GCacheError that names it and the install command."""
 import os
 import sys
 
 import pytest
 
 from gcache.core.errors import GCacheError
-from gcache.search import requirements as req
+from gcache.search.infra import requirements as req
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

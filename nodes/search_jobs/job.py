@@ -22,10 +22,12 @@ from ...core.errors import GCacheError
 from ...core.policy import Policy, predicted_speedup
 from ...core.profile import Profile
 from ...core.verdicts import checks_of, failed, stamp
-from ...search.bilevel import SearchInterrupted, SearchResult, run_search
 from ...search.config import SearchConfig
-from ...search.objectives import make_objective
-from ...search.state import check_state, load_state
+from ...search.infra.objectives import make_objective
+from ...search.loop import SearchInterrupted, SearchResult, run_search
+from ...search.result import predicted_speedup_text, searched_policy
+from ...search.starts import start_count
+from ...search.state import SearchState, check_state
 from .. import artifacts
 from ..artifacts import FOLDER_FIX, cant_write
 from ..modes.apply import apply_config
@@ -89,6 +91,18 @@ class SearchJob:
                                        self.positive, self.negative, self.latent))
 
     # ---------------------------------------------------------------- before any sampling
+    @property
+    def records_fit_stats(self) -> bool:
+        """Whether the reference runs record the forecast fit statistics into the search's own profile (they do for
+        a forecasting search): what the start masks, and so the least budget, depend on."""
+        return forecasters.get(self.config.forecast).forecasts
+
+    def check_config(self) -> None:
+        """K and the budget against the profile the search will have: the connected one, or the one its reference
+        runs will record (search/starts.py counts its start masks, search/budget.py the least budget)."""
+        has_stats = self.profile.has_fit_stats() if self.profile is not None else self.records_fit_stats
+        self.config.validate(self.steps, start_count(self.config.forecast, has_stats))
+
     def check_files(self) -> None:
         """What would otherwise stop the search after its reference runs, found before any sampling (and before a
         profile is written): a gcache folder that can't be written, a damaged state file, or one of another
@@ -109,7 +123,7 @@ class SearchJob:
             if os.path.isfile(self.own_profile):
                 os.remove(self.own_profile)  # left by a search whose state is gone: it is recorded again now
             ref_model = hooks.patch_model(self.model, profile_config(
-                self.model, self.own_profile, forecast=forecasters.get(self.config.forecast).forecasts,
+                self.model, self.own_profile, forecast=self.records_fit_stats,
                 on_not_added=self.not_recorded.append, folder=self.folder, node_id=self.node_id))
         else:  # every step computed through GCache (bit-identical to the model alone), the skip path checked
             ref_model = hooks.patch_model(self.model, apply_config(
@@ -170,29 +184,21 @@ class SearchJob:
     def search(self, profile: Profile, refs: list, should_stop: Callable[[], bool],
                progress: Optional[Callable[[dict], None]] = None) -> SearchResult:
         """Runs (or resumes) the search until it is done or should_stop() says stop (SearchInterrupted)."""
-        loss_fn = make_objective(self.config.objective)
-        fc = forecasters.get(self.config.forecast)
-
-        def evaluate(mask, forecast=None):  # forecast: another forecaster (the search's forecaster check)
-            pol = Policy.for_mask(profile, mask, forecast or fc.name, method="search-candidate")
-            m = hooks.patch_model(self.model, apply_config(self.model, pol, on_mismatch="error"))
-            return [loss_fn(self.run(m, s), r) for s, r in zip(self.seeds, refs)]  # per seed: paired comparisons
-
-        return run_search(profile, self.config, evaluate, state_path=self.state_path, progress=progress,
+        evaluation = Evaluation(self, profile, refs, make_objective(self.config.objective))
+        return run_search(profile, self.config, evaluation, state_path=self.state_path, progress=progress,
                           should_stop=should_stop, provenance=self.provenance(),
                           skip_check=None if refs else "the search had finished and this prompt sampled no "
                                                        "reference images for it")
 
     def finish(self, result: SearchResult, profile: Profile) -> Policy:
-        """Saves the policy (and a copy for GCache Apply (auto) of the same model, steps and scheduler)."""
-        policy = result.policy
-        stamp(policy.provenance, profile.meta)
-        share = profile.io
-        policy.metrics.update(share.metrics(policy.n_steps, policy.n_computed))  # the profile's io share, with its range
+        """Saves the policy the search made (and a copy for GCache Apply (auto) of the same model, steps and
+        scheduler)."""
+        policy = result.policy  # with the profile's io share and the speed-up it predicts (search/result.py)
+        stamp(policy.provenance, profile.meta)  # the self-check's verdict the profile carries
         path = artifacts.policy_path(self.folder, self.name)
         policy.save(path)
         log.info("GCache Search: saved %s (K = %d of %d, %s, %s).", os.path.basename(path), policy.n_computed,
-                 policy.n_steps, share.describe_speedup(policy.n_steps, policy.n_computed), share.describe())
+                 policy.n_steps, predicted_speedup_text(policy), profile.io.describe())
         try:
             sigmas = comfy.samplers.calculate_sigmas(self.model.get_model_object("model_sampling"), self.scheduler,
                                                      self.steps + (1 if self.trims() else 0)).tolist()
@@ -225,18 +231,35 @@ class SearchJob:
         a searched one only when its gain is believable), else the instant policy of its forecaster."""
         from ...search.choice import choose
         from ...search.instant import instant_policy
-        from ...search.state import SearchState
         fc = forecasters.get(self.config.forecast)
-        state = _peek(self.state_path)
-        hist = (state or {}).get("history") or []
-        if not hist:
+        state = SearchState.peek(self.state_path)
+        if state is None or not state.history:
             pol = instant_policy(profile, self.config.k, "theory", forecast=fc.name)
             pol.provenance["search"] = "no evaluation yet: the instant policy"
             return pol
-        chosen, how, _ = choose(SearchState(state, None))
-        return Policy.for_mask(profile, [int(c) for c in chosen["mask"]], fc.name, method="gcache (in progress)",
-                               provenance={"search": f"{how} of {len(hist)} of {self.config.budget} evaluations so far"},
-                               metrics={"loss": chosen["loss"], "objective": self.config.objective})
+        chosen = choose(state)
+        return searched_policy(profile, [int(c) for c in chosen.entry["mask"]], fc.name, "gcache (in progress)",
+                               {"search": f"{chosen.how} of {len(state.history)} of {self.config.budget} evaluations "
+                                          "so far"},
+                               {"loss": chosen.entry["loss"], "objective": self.config.objective})
+
+
+class Evaluation:
+    """evaluate(mask) of one GCache Search: its seeds sampled under the mask through a patched clone, each scored
+    against its reference image (one loss per seed: paired comparisons). It applies any forecaster the profile can
+    fit (the forecaster check: evaluate(mask, forecast=name)); each candidate policy carries the profile's io share,
+    so Apply's log predicts the speed-up the saved policy will."""
+
+    can_apply_forecaster = True
+
+    def __init__(self, job: SearchJob, profile: Profile, refs: list, loss_fn):
+        self.job, self.profile, self.refs, self.loss_fn = job, profile, refs, loss_fn
+
+    def __call__(self, mask, forecast=None) -> list:
+        job = self.job
+        pol = searched_policy(self.profile, mask, forecast or job.config.forecast, "search-candidate")
+        m = hooks.patch_model(job.model, apply_config(job.model, pol, on_mismatch="error"))
+        return [self.loss_fn(job.run(m, s), r) for s, r in zip(job.seeds, self.refs)]
 
 
 def _auto_takes(policy: Policy) -> str:
@@ -257,7 +280,8 @@ def run_slice(job: SearchJob, profile: Profile, refs: list, seconds: float, canc
     """Evaluations until `seconds` are spent (at least one), or the search is done, cancelled or interrupted.
     Returns (the result when done, why it stopped: "done" | "time" | "cancelled" | "interrupted")."""
     t0 = time.monotonic()
-    start = len((_peek(job.state_path) or {}).get("history") or [])
+    state = SearchState.peek(job.state_path)
+    start = len(state.history) if state is not None else 0
     seen = [start]
     why = ["time"]
 
@@ -285,13 +309,5 @@ def _readable(path: str) -> Optional[Profile]:
     """The profile at `path` when it can be read (what can't is said where the search loads it)."""
     try:
         return Profile.load(path) if os.path.isfile(path) else None
-    except GCacheError:
-        return None
-
-
-def _peek(path: str) -> Optional[dict]:
-    """A search state file as it is (None when there is none or it can't be read: the search itself says why)."""
-    try:
-        return load_state(path) if os.path.isfile(path) else None
     except GCacheError:
         return None

@@ -163,3 +163,16 @@ def test_a_search_never_silently_replaces_a_better_searched_policy(flux, gcache_
     out, runs, text = auto(flux, caplog)
     assert f"applying the policy GCache Search found (" in text and f"K = 3, {path.name})" in text
     assert runs == 3 and torch.equal(out, applied(flux, c))
+
+
+def test_each_evaluation_logs_the_speedup_the_saved_policy_states(flux, gcache_dir, caplog):
+    """GCache Apply logs a predicted speed-up for every evaluation of the search; it is the figure the saved policy
+    states (both from the profile's measured io share: search/result.py), not the parameter-count estimate."""
+    prof = profile_with_io_share(flux, gcache_dir)
+    policy = search(flux, prof, 4, "k4_logged", caplog)
+    predicted = re.compile(r"predicted ([0-9.]+×(?: \([^)]*\))?)")
+    evaluations = [m for m in caplog.messages if m.startswith(f"GCache: computed 4/{N} steps")]
+    saved = [m for m in caplog.messages if m.startswith("GCache Search: saved k4_logged.json")]
+    assert len(evaluations) >= 2 and len(saved) == 1
+    assert {predicted.search(m).group(1) for m in evaluations} == {predicted.search(saved[0]).group(1)}
+    assert predicted.search(saved[0]).group(1).startswith(f"{policy.metrics['predicted_speedup']:.2f}×")

@@ -13,8 +13,8 @@ from comfy_server import _get, _post, comfy_server  # noqa: E402
 
 from gcache.core.profile import Profile  # noqa: E402
 from gcache.search.config import SearchConfig  # noqa: E402
-from gcache.search.comfyui_worker import ComfyUIWorker  # noqa: E402
-from gcache.search.parallel import run_search_parallel  # noqa: E402
+from gcache.search.infra.comfyui_worker import ComfyUIWorker  # noqa: E402
+from gcache.search.loop import run_batch_search  # noqa: E402
 
 N = 6
 
@@ -67,12 +67,12 @@ def _search_and_check(servers, ex, logged: str):
     a, b, profile = servers
     before = [srv["log"].read_text().count(logged) for srv in (a, b)]
     try:
-        res = run_search_parallel(profile, SearchConfig(k=3, degree=1, budget=9, objective="ssim"), ex, q=2,
+        res = run_batch_search(profile, SearchConfig(k=3, degree=1, budget=9, objective="ssim"), ex, q=2,
                                   provenance={"seeds": [0, 1]})
     finally:
         ex.close()
-    assert res.state["done"] and len(res.history) == 9 and res.policy.n_computed == 3
-    assert all(len(m["per_seed"]) == 2 for m in res.state["masks"].values())
+    assert res.state.done and len(res.history) == 9 and res.policy.n_computed == 3
+    assert all(len(m["per_seed"]) == 2 for m in res.state.masks.values())
     for srv, n0 in zip((a, b), before):  # both servers sampled evaluations, each with GCache Apply's inline policy
         log = srv["log"].read_text()
         assert log.count(logged) > n0, log[-2000:]
@@ -89,7 +89,7 @@ def test_search_on_two_comfyui_servers_with_a_thread_pool(servers):
 def test_search_on_two_comfyui_servers_with_ray_actors(servers):
     """Each server is driven by its own Ray actor (the cluster command's --comfyui mode)."""
     ray = pytest.importorskip("ray", reason="Ray is the optional 'cluster' extra: pip install -e '.[test,cluster]'")
-    from gcache.search.ray_executor import RayExecutor
+    from gcache.search.infra.ray_executor import RayExecutor
     a, b, _ = servers
     ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     try:

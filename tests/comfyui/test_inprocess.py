@@ -153,6 +153,28 @@ def test_search_finishes_tiny_budget_and_resumes_after_interrupt(built, gcache_d
     assert calls["n"] - (-100) == 1 + len(state["masks"]) - 1  # resumed: the earlier mask is not sampled again
 
 
+def test_the_search_nodes_inputs_state_the_numbers_the_search_computes():
+    """The budget tooltip's start masks and least budgets come from search/budget.py; K must stay below steps."""
+    from gcache.search.budget import minimum_budgets, start_range
+    inputs = {i.id: i for i in GCacheSearch.define_schema().inputs}
+    tip = inputs["budget"].tooltip
+    least, (fewest, most) = minimum_budgets(3), start_range()
+    assert f"{fewest} to {most})" in tip and f"at least {least['reuse']} for degree 3 ({least['forecasting']} when " \
+        "forecasting" in tip
+    assert "K < steps" in inputs["k"].tooltip
+
+
+def test_k_equal_to_steps_is_refused_before_any_sampling(built, gcache_dir, monkeypatch):
+    from gcache_test_pack import FakeVAE
+    m, pos, neg, lat = built["flux"]
+    monkeypatch.setattr(search_job, "sample", lambda *a, **kw: pytest.fail("sampled"))
+    for k in (8, 9):
+        with pytest.raises(GCacheError, match=f"K = {k}"):
+            GCacheSearch.execute(m, pos, neg, {"samples": lat}, FakeVAE(), 0, 1, 8, 1.0, "euler", "simple", k, 40, 2,
+                                 "ssim", f"keq{k}")
+    assert not (gcache_dir / "keq8.search.json").exists()
+
+
 def test_a_fitted_search_checks_l2p_on_its_mask_in_comfyui(built, gcache_dir, caplog):
     """GCache Search with the profile-fitted forecaster: its reference runs record the forecast statistics, the
     search's evaluate applies l2p on the chosen mask too (the forecaster check), the saved policy takes the better one,

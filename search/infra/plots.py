@@ -13,9 +13,9 @@ from typing import Optional, Sequence
 import numpy as np
 from PIL import Image, ImageDraw
 
-from ..core.weights import bernstein_w
-from .choice import choose
-from .state import SearchState
+from ...core.weights import bernstein_w
+from ..choice import choose
+from ..state import SearchState
 
 W, PANEL_H, PAD = 720, 220, 48
 BG, FG, GRID = (255, 255, 255), (30, 30, 30), (225, 225, 225)
@@ -79,21 +79,23 @@ def _mask_row(draw: ImageDraw.ImageDraw, top: int, mask: Sequence[int], title: s
 
 
 def plot_search(result_or_state, times: Optional[Sequence[float]] = None) -> Image.Image:
-    """A SearchResult or a state dict (as in the state file) → RGB image."""
+    """A SearchResult, a SearchState, or a state file's content (a dict) → RGB image."""
     state = getattr(result_or_state, "state", result_or_state)
+    if isinstance(state, dict):
+        state = SearchState(state, None)
     policy = getattr(result_or_state, "policy", None)
     if times is None and policy is not None:
         times = policy.times
-    hist, fin = state["history"], state.get("final")
+    hist, fin = state.history, state.final
     img = Image.new("RGB", (W, 2 * PANEL_H + 76), BG)
     d = ImageDraw.Draw(img)
-    cfg = state.get("config", {})
+    cfg = state.config
     losses = [h["loss"] for h in hist] + ([fin["loss"]] if fin else [])
     log = bool(losses) and min(losses) > 0  # losses span decades: show them on a log axis when we can
     f = (lambda v: math.log10(v)) if log else (lambda v: v)  # noqa: E731
     lo, hi = (f(min(losses)), f(max(losses))) if losses else (0.0, 1.0)
     p = _Panel(d, 0, f"{'log10 ' if log else ''}loss per iteration ({cfg.get('objective')}, K={cfg.get('k')}, "
-                     f"{len(state.get('masks', {}))} distinct masks of {len(hist)} iterations)", (0, max(len(hist), 1)),
+                     f"{len(state.masks)} distinct masks of {len(hist)} iterations)", (0, max(len(hist), 1)),
                (lo, hi))
     run_best = np.minimum.accumulate([h["loss"] for h in hist]) if hist else []
     p.line(range(len(run_best)), [f(v) for v in run_best], COLORS["best"])
@@ -103,7 +105,7 @@ def plot_search(result_or_state, times: Optional[Sequence[float]] = None) -> Ima
         p.dot(len(hist), f(fin["loss"]), COLORS["final"], r=5)
     p.legend([("start masks", COLORS["instant"]), ("start grid", COLORS["grid"]), ("GP-LCB", COLORS["gp"]),
               ("polish", COLORS["polish"]), ("reused mask", COLORS["reused"]), ("best so far", COLORS["best"]), ("argmin mu", COLORS["final"])])
-    winner = choose(SearchState(state, None))[0]  # the mask the search returns (or would return now)
+    winner = choose(state).entry  # the mask the search returns (or would return now)
     if winner is not None:  # the chosen mask: a ring around its point
         x = len(hist) if winner is fin else winner["i"]
         p.dot(x, f(winner["loss"]), COLORS["best"], r=8, hollow=True)

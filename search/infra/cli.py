@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Callable
 
-from ..core.errors import GCacheError
+from ...core.errors import GCacheError
 from .ray_executor import message as worker_message  # imports no Ray
 
 EXIT_ERROR = 2  # argparse's exit code for a bad command line; the commands use it for every GCacheError
@@ -36,6 +36,18 @@ def parse_seeds(text: str, flag: str = "seeds") -> list[int]:
     if len(set(seeds)) != len(seeds):
         raise GCacheError(f"{flag} {text!r} names a seed twice: name each seed once.")
     return seeds
+
+
+def forecast_choices() -> tuple[str, ...]:
+    """What a command's --forecast accepts: every registered forecaster, and the old orders 0/1/2."""
+    from ...core import forecasters
+    return (*forecasters.names(), "0", "1", "2")
+
+
+def forecaster_of(text: str) -> str:
+    """A forecaster's name from --forecast (a name, or an old order 0/1/2)."""
+    from ...core import forecasters
+    return forecasters.canonical(int(text) if text.isdigit() else text)
 
 
 def set_threads(n: int) -> None:

@@ -11,13 +11,13 @@ import importlib
 import os
 import sys
 
-from ..core.errors import GCacheError
+from ...core.errors import GCacheError
 
 # import name -> the name pip installs it under (requirements.txt)
 PIP_NAMES = {"sklearn": "scikit-learn", "skimage": "scikit-image", "lpips": "lpips", "scipy": "scipy",
              "numpy": "numpy", "safetensors": "safetensors", "PIL": "pillow"}
 
-PACK_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACK_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # search/infra/ -> the pack
 REQUIREMENTS = os.path.join(PACK_DIR, "requirements.txt")
 
 

@@ -25,9 +25,9 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from ..core import forecasters
-from ..core.errors import GCacheError
-from ..core.policy import Policy
+from ...core import forecasters
+from ...core.errors import GCacheError
+from ...core.policy import Policy
 
 SAMPLERS = ("KSampler", "KSamplerAdvanced", "SamplerCustom", "RandomNoise")
 IMAGE_OUTPUTS = ("SaveImage", "PreviewImage", "SaveAnimatedWEBP", "SaveAnimatedPNG")
@@ -41,6 +41,11 @@ def _node_of(workflow: dict, classes: Sequence[str], what: str) -> str:
 
 
 class ComfyUIWorker:
+    """One ComfyUI server's evaluations. It applies the search's forecaster only (a policy's profile-fitted parameters
+    need the profile, which a server's worker doesn't hold), so the forecaster check is skipped."""
+
+    can_apply_forecaster = False
+
     def __init__(self, url: str, workflow: dict, seeds: Sequence[int], objective: str = "ssim",
                  forecast="reuse", timeout_s: float = 1800.0):
         from .objectives import make_objective
@@ -134,14 +139,14 @@ class ComfyUIWorker:
     @staticmethod
     def pool(urls: Sequence[str], workflow: dict, seeds: Sequence[int], objective: str = "ssim", forecast="reuse"):
         """An executor without Ray (parallel.ThreadExecutor): one thread per server, each evaluation on a free
-        server."""
+        server. It declares what the workers can evaluate (the search's forecaster only)."""
         import queue
         from .parallel import ThreadExecutor
         free: queue.Queue = queue.Queue()
         for u in urls:
             free.put(ComfyUIWorker(u, workflow, seeds, objective, forecast))
 
-        def run(mask):
+        def run(mask):  # a plain function: it declares no other forecaster (executor.py)
             w = free.get()
             try:
                 return w.run(mask)

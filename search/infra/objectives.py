@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..core.errors import GCacheError
+from ...core.errors import GCacheError
 from . import backbone_download
 
 OBJECTIVES = ("lpips_ssim", "ssim", "psnr")

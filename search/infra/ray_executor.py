@@ -1,4 +1,4 @@
-"""bilevel.Executor on Ray actors: the search's evaluations on a Ray cluster, one model per actor.
+"""An executor (executor.py) on Ray actors: the search's evaluations on a Ray cluster, one model per actor.
 
 Optional: the `cluster` extra of the distribution comfyui-gcache brings Ray (in a clone, into README's venv:
 `.venv/bin/pip install -e ".[cluster]"`); nothing else in GCache imports it. Each worker is an actor
@@ -12,7 +12,8 @@ from __future__ import annotations
 import sys
 from typing import Any, Optional
 
-from ..core.errors import GCacheError
+from ...core.errors import GCacheError
+from ..executor import cant_apply
 
 RESTARTS = 3  # a worker process that dies is restarted this often, and its evaluation retried
 
@@ -29,7 +30,10 @@ def require_ray():
 
 
 class RayExecutor:
-    """A mask goes to a free actor; Ray retries it if the actor dies. A worker class has run(mask) and pid()."""
+    """A mask goes to a free actor; Ray retries it if the actor dies. A worker class has run(mask) and pid(). The
+    actors sample under the search's own forecaster only (the forecaster check is skipped, and says so)."""
+
+    can_apply_forecaster = False
 
     def __init__(self, actors: list):
         self.ray = require_ray()
@@ -47,7 +51,8 @@ class RayExecutor:
         remote = ray.remote(num_cpus=1, num_gpus=num_gpus, max_restarts=RESTARTS, max_task_retries=RESTARTS)(worker_cls)
         return cls([remote.remote(*a, **k) for a, k in arguments])
 
-    def submit(self, mask: list) -> Any:
+    def submit(self, mask: list, forecast: Optional[str] = None) -> Any:
+        cant_apply(forecast)
         free = [a for a in self.actors if a not in self.busy.values()]
         actor = free[0] if free else self.actors[len(self.busy) % len(self.actors)]
         ref = actor.run.remote(list(mask))

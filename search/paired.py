@@ -1,0 +1,126 @@
+"""Paired statistics over the search seeds: when one measured mask is better than another, and the rules a search
+applies with them.
+
+Every mask a search measures is sampled on the same seeds, so two masks compare seed by seed: the paired differences
+d_s = loss_s(new) − loss_s(old) have a mean and a standard error se = sd(d)/√n (`paired_difference`). A rule (`Rule`)
+says from them whether `new` is better; with per-seed losses of fewer than 2 seeds there is nothing to check with,
+and the caller falls back to the mean loss (`Rule.decide`). The measured masks are {"loss", "per_seed"} entries (the
+state file's "masks").
+
+The rules of one search, each with the measurement behind it:
+
+    polish guard (GUARDS, SearchConfig.polish_guard)  which polish moves are kept over their parent
+        "z"      the paired gain beyond POLISH_Z = 0.674 standard errors (the normal's 75 % point: a move that changes
+                 nothing passes 1 time in 4, as often as under "halves"). bench/polish_guard.py on the reference model:
+                 better than "halves" in 11 and worse in 2 of 30 searches (budgets 48 and 64).
+        "halves" both fixed halves of the seeds (split at random by the search seed) improve: the earlier guard.
+        "mean"   what either becomes without per-seed losses of 2+ seeds: a lower mean loss.
+    final choice (CHOICE, choice.py)  when a searched mask may replace the best start mask
+        a paired gain beyond CHOICE_Z = 0 standard errors: any lower mean loss (polish moves the guard rejected are no
+        candidates). Measured by bench/choice_regret.py against z = 0.5, 1, 1.5, 2 (the earlier NOISE_Z), 3, halves
+        and the lowest loss: below.
+    polish chain (CHAIN, choice.py)  when the end of a chain of accepted polish moves may replace it
+        any lower loss (CHAIN_Z = 0): bench/polish_choice.py chose as well as CHAIN_Z = 1 in all 30 searches at budgets
+        48 and 64 and better in 4, by +0.35 to +1.12 dB held-out. (Under CHOICE_Z = 0 every chain that lowers the loss
+        passes the choice's own rule; the chain counts for the stricter rules the benches compare.)
+    forecaster check (forecaster_check.RULES)  when another forecaster takes over the chosen mask
+        "halves": bench/forecaster_check.py, 3 switches in 15 searches, none below keeping the search's forecaster.
+
+Guard names are stored in state files ("polish": {"guard": …}): SAVED_GUARDS is their registry (state.py checks a
+file's name against it, polish.py looks its rule up there).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+HALVES_SALT = 0x6A1F  # the halves' random split is seeded by (search seed, this), apart from the polish's move orders
+
+POLISH_Z = 0.674  # the normal's 75 % point: a null move's paired gain is beyond it 1 time in 4, as both halves are
+# A searched mask replaces the best start mask when its paired gain is beyond this many standard errors: 0, any lower
+# mean loss. bench/choice_regret.py on the reference model (bench/RESULTS.md, 2026-11-27; N = 30, K = 6/8/10/15/20,
+# budgets 64 and 128, three sets of 16 search seeds, 32 held-out seeds): the held-out regret against the best mask each
+# search evaluated had the lowest median (0.36 dB), worst case (2.22) and mean (0.62) at z = 0; at z = 2, the margin
+# used before, 0.41 / 2.57 / 0.96, and z = 0 chose better than z = 2 in 8 of 30 searches, worse in 2.
+CHOICE_Z = 0.0
+CHAIN_Z = 0.0  # the end of a chain of accepted polish moves: any lower loss (bench/polish_choice.py)
+
+
+def per_seed(entry: Optional[dict]) -> Optional[np.ndarray]:
+    """The per-seed losses of a measured mask as an array, None without them."""
+    v = (entry or {}).get("per_seed")
+    return np.asarray(v, dtype=np.float64) if v else None
+
+
+def paired_difference(a: Optional[Sequence[float]], b: Optional[Sequence[float]]) -> Optional[dict]:
+    """{"mean", "se", "seeds"} over seeds of a − b (per-seed losses of two masks; se None for one seed), or None
+    without per-seed losses of the same seeds."""
+    if not a or not b or len(a) != len(b):
+        return None
+    d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    se = float(d.std(ddof=1) / math.sqrt(d.size)) if d.size > 1 else float("nan")
+    return {"mean": float(d.mean()), "se": se if math.isfinite(se) else None, "seeds": int(d.size)}
+
+
+def halves(n_seeds: int, seed: int) -> tuple[list[int], list[int]]:
+    """Two fixed halves of the seeds' indices (sizes ⌊n/2⌋ and ⌈n/2⌉), split at random by the search seed."""
+    perm = np.random.default_rng([int(seed) & 0xFFFFFFFF, HALVES_SALT]).permutation(n_seeds)
+    return sorted(int(v) for v in perm[:n_seeds // 2]), sorted(int(v) for v in perm[n_seeds // 2:])
+
+
+def _beyond(z: float) -> Callable[[np.ndarray, np.ndarray, int], bool]:
+    def test(a: np.ndarray, b: np.ndarray, seed: int) -> bool:
+        d = a - b
+        se = float(d.std(ddof=1) / np.sqrt(d.size))
+        return bool(d.mean() < 0 and (se == 0.0 or -d.mean() / se > z))
+    return test
+
+
+def _on_halves(a: np.ndarray, b: np.ndarray, seed: int) -> bool:
+    return all(a[h].mean() < b[h].mean() for h in halves(a.size, seed))
+
+
+@dataclass(frozen=True)
+class Rule:
+    """When a measured mask `new` is better than `old`, judged over the seeds they share."""
+    name: str        # as state files and the benches name it
+    says: str        # in words: "a move is kept only when <says>"
+    test: Optional[Callable[[np.ndarray, np.ndarray, int], bool]]  # on 2+ per-seed losses; None: the mean decides
+
+    def better(self, new: dict, old: dict, seed: int = 0) -> Optional[bool]:
+        """Whether `new` is better (`seed`: the search seed, for the halves' split); None when there is nothing to
+        check with (no per-seed losses of the same 2+ seeds)."""
+        a, b = per_seed(new), per_seed(old)
+        if self.test is None or a is None or b is None or a.size != b.size or a.size < 2:
+            return None
+        return self.test(a, b, seed)
+
+    def decide(self, new: dict, old: dict, seed: int = 0) -> bool:
+        """better(), or a lower mean loss where there is nothing to check with."""
+        verdict = self.better(new, old, seed)
+        return new["loss"] < old["loss"] if verdict is None else verdict
+
+
+def beyond_z(z: float, name: Optional[str] = None) -> Rule:
+    """The paired gain beyond z standard errors (a lower loss on every seed when they differ by the same amount)."""
+    return Rule(name or f"z={z:g}", f"its gain over the seeds is beyond {z:.3g} paired standard errors", _beyond(z))
+
+
+HALVES = Rule("halves", "both halves of the seeds improve", _on_halves)
+MEAN = Rule("mean", "the loss falls", None)  # no per-seed losses of 2+ seeds: nothing to check with
+POLISH = beyond_z(POLISH_Z, "z")
+CHOICE = beyond_z(CHOICE_Z, "choice")
+CHAIN = beyond_z(CHAIN_Z, "chain")
+
+# The polish guards a search may ask for (SearchConfig.polish_guard), and what a state file may hold.
+GUARDS = {"halves": HALVES, "z": POLISH}
+SAVED_GUARDS = {**GUARDS, "mean": MEAN}
+GUARD = "z"  # bench/polish_guard.py: see POLISH_Z
+
+
+def guard(name: str) -> Rule:
+    """The polish guard a state file names (KeyError on an unknown name)."""
+    return SAVED_GUARDS[name]

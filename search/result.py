@@ -1,0 +1,94 @@
+"""What a search returns: SearchResult, and the policies of searched masks with the speed-up they predict.
+
+`searched_policy` is the one place a policy of a searched mask is made: the policy each evaluation applies (GCache
+Search's candidates), the best policy so far, and the policy the search returns. Each carries the profile's io share
+and the speed-up it predicts (`IoShare.metrics`), so what Apply logs for an evaluation and what the saved policy says
+are the same figure; `predicted_speedup_text` is how a search reports it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from ..core.io_share import IoShare
+from ..core.policy import Policy
+from ..core.profile import Profile
+from . import forecaster_check
+from .choice import Choice
+from .config import SearchConfig
+from .instant import instant_name
+from .paired import paired_difference
+from .state import POLISH, SearchState
+
+
+@dataclass
+class SearchResult:
+    policy: Policy
+    best_mask: list
+    best_loss: float
+    mu_mask: list
+    mu_loss: float
+    s_best: list           # s of the chosen policy
+    s_mu: list
+    history: list
+    state: SearchState
+    evaluations: int       # calls of evaluate() (distinct masks), the final one included
+    unchecked: bool = False  # a searched mask won without a check of its gain against the seed noise
+
+
+def searched_policy(profile: Profile, mask: Sequence[int], forecaster: str, method: str,
+                    provenance: Optional[dict] = None, metrics: Optional[dict] = None) -> Policy:
+    """The policy that applies `mask` with `forecaster` on the profile's steps (its parameters fitted to the mask),
+    with the profile's io share and predicted speed-up in its metrics (after `metrics`)."""
+    mask = [int(v) for v in mask]
+    share = profile.io.metrics(len(mask), sum(mask))
+    return Policy.for_mask(profile, mask, forecaster, method=method, provenance=dict(provenance or {}),
+                           metrics={**(metrics or {}), **share})
+
+
+def predicted_speedup_text(policy: Policy) -> str:
+    """'predicted 2.04× (1.98–2.10)' from the policy's own metrics: what the search reports of the policy it saves,
+    computed as Apply computes it for a run under that policy."""
+    return IoShare.from_metrics(policy.metrics, 0.0).describe_speedup(policy.n_steps, policy.n_computed)
+
+
+def method_of(entry: dict) -> str:
+    """The method a history entry stands for (the policy's provenance "won")."""
+    return entry.get("method") or {"grid": "gcache start grid", "gp": "gcache GP-LCB",
+                                   "polish": "gcache polish"}.get(entry.get("kind"), "gcache argmin mu")
+
+
+def build(state: SearchState, profile: Profile, config: SearchConfig, choice: Choice, check: dict) -> SearchResult:
+    """The result of a finished search: the policy of the chosen mask under the forecaster the check chose, with
+    its provenance and its loss minus the instant policy's, paired over the seeds."""
+    hist, fin, masks = state.history, state.final, state.masks
+    best, chosen = state.best(), choice.entry
+    own = instant_name("theory", config.forecast)  # the instant policy of the same forecaster
+    theory = next((h for h in hist if h.get("method") == own), None)
+    fc_name = check["forecaster"]
+    searched = masks[chosen["mask"]]
+    measured = check["results"][fc_name] if fc_name != config.forecast else searched
+    prov = state.provenance
+    prov.update({"s": chosen["s"], "degree": config.degree, "objective": config.objective, "chosen": choice.how,
+                 "won": method_of(chosen), "iterations": len(hist), "evaluations": len(masks),
+                 "search_seed": config.seed, "s_range": [config.s_min, config.s_max], "profile": state.profile_id,
+                 "state": state.search_id,
+                 "polish": {"moves": sum(h["kind"] == POLISH for h in hist),
+                            "accepted": sum(bool(h.get("accepted")) for h in hist), "guard": state.polish.guard}})
+    metrics = {"loss": measured["loss"], "objective": config.objective, "mu_loss": fin["loss"],
+               "best_loss": best["loss"]}
+    if theory is not None:
+        metrics["instant_loss"] = theory["loss"]
+        vs = paired_difference(measured.get("per_seed"), masks[theory["mask"]].get("per_seed"))
+        if vs is not None:
+            metrics["loss_minus_instant"] = vs  # paired over seeds: < 0 means the search beat the instant policy
+    prov["forecast"] = {"forecaster": fc_name,
+                        "chosen_by": "forecaster check" if fc_name != config.forecast else "search config"}
+    checked = forecaster_check.provenance(check, config.forecast, searched)
+    if checked:
+        prov["forecast"]["check"] = checked
+    policy = searched_policy(profile, [int(c) for c in chosen["mask"]], fc_name, "gcache", prov, metrics)
+    to_mask = lambda key: [int(c) for c in key]  # noqa: E731
+    return SearchResult(policy=policy, best_mask=to_mask(best["mask"]), best_loss=best["loss"],
+                        mu_mask=to_mask(fin["mask"]), mu_loss=fin["loss"], s_best=chosen["s"], s_mu=fin["s"],
+                        history=hist, state=state, evaluations=len(masks), unchecked=choice.unchecked)

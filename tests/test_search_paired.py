@@ -1,0 +1,96 @@
+"""The paired statistics over the seeds (search/paired.py) against hand-computed values, and the rules a search applies
+with them: the polish guards, the final choice's noise rule and the registry of saved guard names."""
+import math
+
+import numpy as np
+import pytest
+
+from gcache.search import paired
+from gcache.search.paired import HALVES, MEAN, POLISH, beyond_z, halves, paired_difference
+
+
+def m(*per_seed):
+    return {"loss": float(np.mean(per_seed)), "per_seed": list(per_seed)}
+
+
+def test_the_paired_difference_by_hand():
+    # d = [-0.1, -0.3, 0.1, -0.1]: mean -0.1; sample s.d. sqrt((0 + 0.04 + 0.04 + 0) / 3) = 0.163299; s.e. 0.081650
+    d = paired_difference([0.9, 0.7, 1.1, 0.9], [1.0, 1.0, 1.0, 1.0])
+    assert d["seeds"] == 4 and d["mean"] == pytest.approx(-0.1)
+    assert d["se"] == pytest.approx(math.sqrt(0.08 / 3) / 2)
+    assert paired_difference([0.5], [0.7]) == {"mean": pytest.approx(-0.2), "se": None, "seeds": 1}  # one seed
+    assert paired_difference([0.5, 0.6], [0.7]) is None and paired_difference(None, [0.7]) is None
+    assert paired_difference([1.0, 2.0], [1.0, 2.0]) == {"mean": 0.0, "se": 0.0, "seeds": 2}
+
+
+def test_halves_split_the_seeds_in_two():
+    for n in (2, 3, 16):
+        a, b = halves(n, seed=5)
+        assert sorted(a + b) == list(range(n)) and len(a) == n // 2 and halves(n, seed=5) == (a, b)
+    assert any(halves(16, s) != halves(16, 0) for s in range(1, 4))  # the search seed decides the split
+
+
+def test_a_move_is_kept_under_halves_only_when_both_halves_improve():
+    old = m(1.0, 1.0, 1.0, 1.0)
+    for seed in range(4):
+        a, b = halves(4, seed)
+        one = [1.0] * 4
+        for i in a:
+            one[i] = 0.5  # half A falls a lot, half B rises a little: the mean falls
+        for i in b:
+            one[i] = 1.1
+        assert not HALVES.decide(m(*one), old, seed) and MEAN.decide(m(*one), old, seed)
+        both = [0.9 if i % 2 else 0.95 for i in range(4)]  # every seed better: both halves are
+        assert HALVES.decide(m(*both), old, seed)
+    assert HALVES.decide({"loss": 0.5}, {"loss": 0.6}) and HALVES.better({"loss": 0.5}, {"loss": 0.6}) is None
+
+
+def test_the_z_guard_by_hand():
+    old = m(1.0, 1.0, 1.0, 1.0)
+    # d = [-0.4, 0.1, -0.4, 0.1]: mean -0.15, sample s.d. 0.2887, s.e. 0.1443: 1.039 standard errors
+    assert POLISH.decide(m(0.6, 1.1, 0.6, 1.1), old)
+    assert not beyond_z(1.05).decide(m(0.6, 1.1, 0.6, 1.1), old)
+    # d = [-0.5, 0.2, -0.5, 0.2]: mean -0.15, s.e. 0.2021: 0.742 — beyond 0.674, not 0.75
+    lopsided = m(0.5, 1.2, 0.5, 1.2)
+    assert POLISH.decide(lopsided, old) and not beyond_z(0.75).decide(lopsided, old)
+    # d = [-0.7, 0.3, -0.7, 0.3]: mean -0.2, s.e. 0.2887: 0.693; d = [-0.9, 0.5, -0.9, 0.5]: 0.5
+    assert POLISH.decide(m(0.3, 1.3, 0.3, 1.3), old)
+    assert not POLISH.decide(m(0.1, 1.5, 0.1, 1.5), old)
+    assert POLISH.decide(m(*[0.9] * 4), old)  # the same gain on every seed: s.e. 0
+    assert not POLISH.decide(m(*[1.0] * 4), old) and not POLISH.decide(m(*[1.1] * 4), old)
+    assert POLISH.decide({"loss": 0.5}, {"loss": 0.6}) and not POLISH.decide({"loss": 0.7}, {"loss": 0.6})
+    assert POLISH.better({"loss": 0.5, "per_seed": [0.5]}, {"loss": 0.6, "per_seed": [0.6]}) is None  # one seed
+    assert paired.POLISH_Z == pytest.approx(0.6745, abs=1e-3)  # the normal's 75 % point
+
+
+def test_the_final_choices_rule_and_a_noise_margin_by_hand():
+    old = m(1.0, 1.0, 1.0, 1.0)
+    z = 0.15 / (math.sqrt(1 / 12) / 2)  # d = [-0.4, 0.1, -0.4, 0.1]: mean -0.15, s.d. sqrt(1/12): 1.039 s.e.
+    assert z == pytest.approx(1.039, abs=1e-3)
+    choice, margin = paired.CHOICE, beyond_z(2.0)
+    assert paired.CHOICE_Z == 0.0 and choice.name == "choice" and "beyond 0 paired" in choice.says
+    assert choice.better(m(0.6, 1.1, 0.6, 1.1), old) and not margin.better(m(0.6, 1.1, 0.6, 1.1), old)
+    assert choice.better(m(0.99, 1.0, 0.99, 1.0), old)  # any lower mean: d = [-0.01, 0, -0.01, 0]
+    assert margin.better(m(0.9, 0.88, 0.9, 0.88), old)  # d = [-0.1, -0.12, -0.1, -0.12]: 19.05 s.e.
+    assert not choice.better(m(1.0, 1.0, 1.0, 1.01), old) and not choice.better(m(*[1.0] * 4), old)  # no gain
+
+
+def test_under_the_z_guard_a_null_move_passes_one_time_in_four():
+    """Per-seed differences that are pure noise: the z guard passes about 1 in 4 of them, as both halves do (each
+    half's mean falls with probability 1/2)."""
+    rng = np.random.default_rng(0)
+    old = m(*[1.0] * 16)
+    z_pass = halves_pass = 0
+    for _ in range(4000):
+        new = m(*(1.0 + rng.standard_normal(16) * 0.1))
+        z_pass += POLISH.decide(new, old)
+        halves_pass += HALVES.decide(new, old, 0)
+    assert abs(z_pass / 4000 - 0.25) < 0.03 and abs(halves_pass / 4000 - 0.25) < 0.03
+
+
+def test_the_guard_names_a_config_and_a_state_file_may_hold():
+    assert tuple(paired.GUARDS) == ("halves", "z") and paired.GUARD in paired.GUARDS
+    assert set(paired.SAVED_GUARDS) == {"halves", "z", "mean"}
+    assert all(paired.guard(name).name == name for name in paired.SAVED_GUARDS)
+    with pytest.raises(KeyError):
+        paired.guard("choice")  # the final choice's rule, no polish guard
