@@ -199,4 +199,5 @@ def _report(a, argv, rows: list, gp_seeds: list, wall: float) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from .cli import run_main
+    sys.exit(run_main(main, "gcache.bench.choice_regret"))

@@ -116,14 +116,15 @@ def require_module(ap: BenchParser, module: str, what: str, install: str) -> Non
 
 
 def run_main(main: Callable[[], object], module: str) -> int:
-    """The exit code of a bench run as a command: 0, or 2 with one line for a GCacheError."""
+    """The exit code of a bench run as a command: 0, or 2 with one line for a GCacheError; a main() that returns an
+    int (a command that reports its own errors, e.g. through search/infra/cli.py run_command) gives that."""
     from ..core.errors import GCacheError
     try:
-        main()
+        code = main()
     except GCacheError as e:
         print(f"python -m {module}: error: {one_line(e)}", file=sys.stderr)
         return EXIT_ERROR
-    return 0
+    return code if isinstance(code, int) and not isinstance(code, bool) else 0
 
 
 def clock(seconds: float) -> str:

@@ -20,7 +20,7 @@ import time
 import torch
 
 from ..core.engine import ResidualCache
-from ..core.profile import ProfileRecorder
+from ..core.recorder import ProfileRecorder
 from ..core.step_clock import StackClock, StepClock
 from ..reference_model.harness import ReferenceHarness, labels_for
 from ..reference_model.sampler import sample

@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from ..core import profile as current
+from ..core import recorder as current
 from .cli import BenchParser, Progress, run_main, whole
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,7 +39,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def core_at(rev: str):
     """core/ as it was at `rev`, imported as a package of its own (core/ imports nothing outside itself). Its
-    profile module has ProfileRecorder at every revision (since core/recorder.py, as a name it re-exports). Every
+    recorder is in core/recorder.py since the profile statistics got files of their own, in core/profile.py before. Every
     module of it is imported before the extracted folder is removed: nothing is left in the temp folder."""
     archive = subprocess.run(["git", "-C", REPO, "archive", "--format=tar", rev, "core"], check=True,
                              capture_output=True).stdout
@@ -59,8 +59,16 @@ def core_at(rev: str):
 
 
 def profile_module_at(rev: str):
-    """core/profile.py of core/ at `rev` (core_at), whose ProfileRecorder the bench times."""
+    """core/profile.py of core/ at `rev` (core_at): the profile file format as it was then."""
     return importlib.import_module(core_at(rev).__name__ + ".profile")
+
+
+def recorder_module_at(rev: str):
+    """The module of core/ at `rev` that holds ProfileRecorder, whose recorder the bench times: core/recorder.py, or
+    core/profile.py before the recorder had a file of its own."""
+    name = core_at(rev).__name__
+    rec = sys.modules.get(name + ".recorder")
+    return rec if rec is not None and hasattr(rec, "ProfileRecorder") else importlib.import_module(name + ".profile")
 
 
 def revision_problem(rev: str) -> "str | None":
@@ -152,7 +160,7 @@ def main(argv=None):
     why = revision_problem(a.against)
     if why:
         ap.error(why)
-    old = profile_module_at(a.against)
+    old = recorder_module_at(a.against)
     rows = []
     cases = sum(2 * (1 + (e <= 1 << 18)) for e in a.elems)
     progress = Progress(cases, "recorder: cases (elements, dtype, forecast)",

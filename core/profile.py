@@ -43,17 +43,6 @@ READABLE_VERSIONS = ("1", "2")
 E_DEFINITION = 2
 MAX_SAMPLE_KEYS = 4096  # run keys remembered per profile for the duplicate check (16 hex digits each)
 _TENSORS = profile_stats.BASE_TENSORS
-# Moved to core/recorder.py; still importable from here (callers and scripts import them from this module).
-_MOVED = ("ProfileRecorder", "sample_stride", "MAX_ELEMS", "CONVERT_FIRST")
-
-
-def __getattr__(name: str):
-    if name in _MOVED:
-        from . import recorder
-        return getattr(recorder, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 @dataclass
 class Profile:
     n_steps: int

@@ -11,7 +11,8 @@ from ..core import forecasters
 from ..core.engine import CacheStats, ResidualCache
 from ..core.io_share import run_summary
 from ..core.policy import Policy
-from ..core.profile import Profile, ProfileRecorder
+from ..core.profile import Profile
+from ..core.recorder import ProfileRecorder
 from ..core.step_clock import StackClock, StepClock
 from .model import TinyDiT, load_model
 from .sampler import flow_sigmas, sample, to_unit

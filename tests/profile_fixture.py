@@ -51,5 +51,8 @@ def record(recorder_cls):
 
 
 if __name__ == "__main__":
-    from gcache.core.profile import ProfileRecorder
+    try:
+        from gcache.core.recorder import ProfileRecorder
+    except ImportError:  # the GCache the fixture was written by (2656f64) had it in core/profile.py
+        from gcache.core.profile import ProfileRecorder
     record(ProfileRecorder).save(sys.argv[1])

@@ -38,6 +38,7 @@ CASES = [
      ["COMFYUI_PATH=/path/to/ComfyUI is the docs' placeholder"], ()),
     ("route-quality-unset", B + "route_quality", [], {"COMFYUI_PATH": ""}, ["COMFYUI_PATH is not set"], ()),
     ("route-quality-missing", B + "route_quality", [], {"COMFYUI_PATH": "no/such/folder"}, ["does not exist"], ()),
+    ("choice-regret-seeds", B + "choice_regret", ["--gp-seeds", "x"], {}, ["--gp-seeds must look like"], ()),
     ("selfcheck-cost-steps", B + "selfcheck_cost", ["--steps", "2"], {"COMFYUI_PATH": ""}, ["--steps", "2 is below 3"],
      ()),
     ("selfcheck-cost-placeholder", B + "selfcheck_cost", [], {"COMFYUI_PATH": "/path/to/ComfyUI"},

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gcache.bench import recorder as bench
-from gcache.core import profile as current
+from gcache.core import recorder as current
 
 
 def test_core_at_head_records_what_this_tree_records():
@@ -19,7 +19,7 @@ def test_core_at_head_records_what_this_tree_records():
                                capture_output=True, text=True)
     if head.returncode != 0 or changed.returncode != 0 or untracked.stdout.strip():
         pytest.skip("needs a git checkout whose core/ equals HEAD's")
-    old = bench.profile_module_at(head.stdout.strip())
+    old = bench.recorder_module_at(head.stdout.strip())
     assert old is not current and old.__name__ != current.__name__
     assert old.ProfileRecorder is not current.ProfileRecorder  # the revision's own classes, not this tree's
     g = torch.Generator().manual_seed(0)
@@ -52,5 +52,5 @@ def test_loading_a_revision_leaves_no_temporary_folder(tmp_path, monkeypatch):
     if head.returncode != 0:
         pytest.skip("needs a git checkout")
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
-    mod = bench.profile_module_at(head.stdout.strip())
+    mod = bench.recorder_module_at(head.stdout.strip())
     assert hasattr(mod, "ProfileRecorder") and list(tmp_path.iterdir()) == []

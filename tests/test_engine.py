@@ -90,7 +90,7 @@ def test_in_place_blocks_keep_the_true_delta(branches):
 
 
 def test_in_place_blocks_are_profiled_with_the_true_delta():
-    from gcache.core.profile import ProfileRecorder
+    from gcache.core.recorder import ProfileRecorder
     rec = ProfileRecorder([1.0, 0.5], [1.0, 0.5])
     cache = ResidualCache(None, observers=(rec,))
     g = torch.Generator().manual_seed(1)

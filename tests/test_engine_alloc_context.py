@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from gcache.core.engine import ResidualCache
-from gcache.core.profile import ProfileRecorder
+from gcache.core.recorder import ProfileRecorder
 
 torch.set_num_threads(1)
 

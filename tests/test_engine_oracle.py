@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gcache.core.engine import ResidualCache
-from gcache.core.profile import ProfileRecorder
+from gcache.core.recorder import ProfileRecorder
 
 CI = settings(deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
 FORECASTERS = ["reuse", "linear", "quadratic", "fitted"]

@@ -6,7 +6,7 @@ import torch
 
 from gcache.core.engine import ResidualCache
 from gcache.core.observer import EngineObserver
-from gcache.core.profile import ProfileRecorder
+from gcache.core.recorder import ProfileRecorder
 from gcache.core.replay import ReplayBroken
 
 

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from gcache.core import forecasters
-from gcache.core.profile import Profile, ProfileRecorder
+from gcache.core.profile import Profile
+from gcache.core.recorder import ProfileRecorder
 
 N = 7
 

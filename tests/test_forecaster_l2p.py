@@ -9,7 +9,7 @@ from gcache.core import forecasters
 from gcache.core.engine import ResidualCache
 from gcache.core.errors import GCacheError
 from gcache.core.policy import Policy
-from gcache.core.profile import ProfileRecorder
+from gcache.core.recorder import ProfileRecorder
 from gcache.search.instant import instant_policy
 
 N = 10

@@ -19,7 +19,8 @@ from gcache.core import forecasters, profile_stats
 from gcache.core.engine import ResidualCache
 from gcache.core.errors import GCacheError
 from gcache.core.policy import Policy
-from gcache.core.profile import Profile, ProfileRecorder
+from gcache.core.profile import Profile
+from gcache.core.recorder import ProfileRecorder
 from gcache.core.recorder import forecast_statistics
 from gcache.search.dp_forecast import brute_force, forecast_mask_cost
 from gcache.search.instant import instant_policy, propagation_weights

@@ -12,7 +12,7 @@ import torch
 from gcache.core import forecasters
 from gcache.core.engine import ResidualCache
 from gcache.core.policy import Policy
-from gcache.core.profile import ProfileRecorder
+from gcache.core.recorder import ProfileRecorder
 from gcache.search.instant import choose_forecaster, forecaster_scores, instant_policy
 
 N, K = 12, 5

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 import stats_oracle as oracle
 from gcache.core.errors import GCacheError
-from gcache.core.profile import Profile, ProfileRecorder
+from gcache.core.profile import Profile
+from gcache.core.recorder import ProfileRecorder
 
 CI = settings(deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -13,7 +13,8 @@ from gcache.core.engine import CacheStats, ResidualCache
 from gcache.core.errors import GCacheError
 from gcache.core.io_share import MAX_RUNS, IoShare, quartiles, run_summary, step_shares
 from gcache.core.policy import predicted_speedup
-from gcache.core.profile import Profile, ProfileRecorder
+from gcache.core.profile import Profile
+from gcache.core.recorder import ProfileRecorder
 from gcache.core.step_clock import StackClock
 
 

@@ -138,7 +138,7 @@ def test_saved_files_get_normal_permissions(tmp_path):
 def test_for_mask_is_the_policy_of_a_profile_a_mask_and_a_forecaster():
     import torch
     from gcache.core import forecasters
-    from gcache.core.profile import ProfileRecorder
+    from gcache.core.recorder import ProfileRecorder
     n = 6
     g = torch.Generator().manual_seed(0)
     rec = ProfileRecorder([1 - j / n for j in range(n)], [2 * (1 - j / n) for j in range(n)], forecast=True)

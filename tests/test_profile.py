@@ -5,7 +5,8 @@ import torch
 
 from gcache.core.engine import ResidualCache
 from gcache.core.errors import GCacheError
-from gcache.core.profile import Profile, ProfileRecorder
+from gcache.core.profile import Profile
+from gcache.core.recorder import ProfileRecorder
 from gcache.reference_model.sampler import flow_sigmas, sample
 
 N = 7
@@ -171,7 +172,7 @@ def test_edited_metadata_and_values_are_refused():
 def test_large_residuals_are_sampled_and_E_stays_close(tiny_model):
     """Above max_elems the recorder keeps every s-th element (s coprime with the width): memory shrinks by s,
     E is the same mean on the sample, close to the exact one."""
-    from gcache.core.profile import sample_stride
+    from gcache.core.recorder import sample_stride
     assert sample_stride(100, 8, None) == 1 and sample_stride(100, 8, 100) == 1
     assert sample_stride(1000, 8, 300) == 5          # ⌈1000/300⌉ = 4 shares a factor with 8 → 5
     exact = profile_run(tiny_model, [3], max_elems=None)

@@ -9,12 +9,13 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import gcache.core.profile as core_profile
+import gcache.core.recorder as core_recorder
 import stats_oracle as oracle
 from test_profile import SpyRecorder  # keeps what the engine hands the recorder: the oracle's input
 from gcache.core.engine import CacheStats, ResidualCache
 from gcache.core.errors import GCacheError
-from gcache.core.profile import MAX_SAMPLE_KEYS, Profile, ProfileRecorder, sample_stride
+from gcache.core.profile import MAX_SAMPLE_KEYS, Profile
+from gcache.core.recorder import ProfileRecorder, sample_stride
 from gcache.core.step_clock import StackClock
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -115,14 +116,14 @@ def test_recorder_equals_the_oracle(dtype, convert_first, data):
     """(convert_first: lower-precision history rows made float32 before the subtraction, as on the CPU, or by type
     promotion inside the kernel, as on other devices.)"""
     times, runs, settings_, kind = data.draw(histories(dtype))
-    saved = set(core_profile.CONVERT_FIRST)
-    core_profile.CONVERT_FIRST.clear()
-    core_profile.CONVERT_FIRST.update({"cpu"} if convert_first else set())
+    saved = set(core_recorder.CONVERT_FIRST)
+    core_recorder.CONVERT_FIRST.clear()
+    core_recorder.CONVERT_FIRST.update({"cpu"} if convert_first else set())
     try:
         check_recorder_against_oracle(times, runs, settings_, kind)
     finally:
-        core_profile.CONVERT_FIRST.clear()
-        core_profile.CONVERT_FIRST.update(saved)
+        core_recorder.CONVERT_FIRST.clear()
+        core_recorder.CONVERT_FIRST.update(saved)
 
 
 def check_recorder_against_oracle(times, runs, settings_, kind):

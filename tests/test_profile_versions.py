@@ -12,7 +12,8 @@ from safetensors.torch import save as st_save
 
 import profile_fixture
 from gcache.core.errors import GCacheError
-from gcache.core.profile import E_DEFINITION, PROFILE_VERSION, Profile, ProfileRecorder
+from gcache.core.profile import E_DEFINITION, PROFILE_VERSION, Profile
+from gcache.core.recorder import ProfileRecorder
 from gcache.search.loop import run_search
 from gcache.search.config import SearchConfig
 from gcache.search.instant import choose_forecaster, instant_policy

@@ -8,7 +8,7 @@ import torch
 
 import stats_oracle as oracle
 from gcache.core import forecasters, profile_stats
-from gcache.core.profile import ProfileRecorder
+from gcache.core.recorder import ProfileRecorder
 
 TIMES = [1.0, 0.8, 0.55, 0.35, 0.2, 0.05]
 N = len(TIMES)

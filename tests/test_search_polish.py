@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from gcache.core import forecasters
 from gcache.core.errors import GCacheError
-from gcache.core.profile import ProfileRecorder
+from gcache.core.recorder import ProfileRecorder
 from gcache.core.weights import analytic_w
 from gcache.search.executor import InProcessExecutor
 from gcache.search.loop import mask_key, run_batch_search, run_search

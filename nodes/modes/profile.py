@@ -13,7 +13,8 @@ from typing import Callable, Optional
 from ...core.engine import CacheStats, ResidualCache, format_bytes
 from ...core.errors import GCacheError
 from ...core.io_share import run_summary
-from ...core.profile import Profile, ProfileRecorder
+from ...core.profile import Profile
+from ...core.recorder import ProfileRecorder
 from ...core.step_clock import StackClock, StepClock
 from ...core.verdicts import checks_of, with_check
 from .. import artifacts

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from ...core.profile import ProfileRecorder
+from ...core.recorder import ProfileRecorder
 from ..patching.steps import Schedule
 
 log = logging.getLogger("gcache")

@@ -259,15 +259,15 @@ def test_damaged_profile_file_stops_before_sampling(built, gcache_dir):
 
 
 def test_profile_file_damaged_during_sampling_keeps_the_image_and_the_run(built, tmp_path, monkeypatch, caplog):
-    from gcache.core import profile as core_profile
+    from gcache.core import recorder as core_recorder
     m, pos, neg, lat = built["flux"]
     path = tmp_path / "x.profile.safetensors"
-    real_finish = core_profile.ProfileRecorder.finish
+    real_finish = core_recorder.ProfileRecorder.finish
 
     def finish_after_damage(self):
         _damage(path)  # another process or a full disk wrote the file while we sampled
         return real_finish(self)
-    monkeypatch.setattr(core_profile.ProfileRecorder, "finish", finish_after_damage)
+    monkeypatch.setattr(core_recorder.ProfileRecorder, "finish", finish_after_damage)
     with caplog.at_level("ERROR", logger="gcache"):
         out = ksample(hooks.patch_model(m, profile_mode.profile_config(m, str(path))), pos, neg, lat, cfg=3.0)
     assert torch.equal(out, ksample(m, pos, neg, lat, cfg=3.0))  # the image is not lost
