@@ -7,14 +7,33 @@ exit code 2 and no traceback; so does a GCacheError raised later in a run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
+import shutil
 import sys
+import tempfile
 import time
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 EXIT_ERROR = 2
 PLACEHOLDER_PREFIX = "/path/to/"  # how the docs write a folder the reader fills in
+
+
+@contextlib.contextmanager
+def own_inductor_cache() -> Iterator[None]:
+    """torch.profiler starts inductor's cache, which otherwise stays behind as <temp>/torchinductor_<user>: a folder
+    of its own for the duration, removed afterwards (unless the user named one)."""
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        yield
+        return
+    folder = tempfile.mkdtemp(prefix="gcache-inductor-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+    try:
+        yield
+    finally:
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def one_line(text) -> str:

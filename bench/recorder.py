@@ -32,7 +32,7 @@ import time
 import torch
 
 from ..core import recorder as current
-from .cli import BenchParser, Progress, run_main, whole
+from .cli import BenchParser, Progress, own_inductor_cache, run_main, whole
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -98,7 +98,7 @@ def record_run(mod, n: int, hs, ds, forecast: bool) -> float:
 def op_counts(mod, n: int, hs, ds, forecast: bool) -> dict:
     """How many times each torch operation ran while `mod`'s recorder recorded the run (finish() included)."""
     from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with own_inductor_cache(), profile(activities=[ProfilerActivity.CPU]) as prof:
         record_run(mod, n, hs, ds, forecast)
     counts: dict = {}
     for e in prof.events():

@@ -19,6 +19,7 @@ from ..core import ProfileRecorder, ResidualCache, StackClock, StepClock
 from ..core.recorder import MAX_ELEMS, sample_stride
 from ..search.baselines import uniform_mask
 
+from .cli import own_inductor_cache
 from .speed_comfy import ComfyModel
 from .speed_models import FULL, QUICK, FluxLike, FluxSize, WanLike, WanSize
 
@@ -116,7 +117,8 @@ class Bench:
             torch.cuda.synchronize()
             return torch.cuda.max_memory_allocated() - base
         from torch.profiler import ProfilerActivity, profile
-        with quiet_native_output(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as p:
+        with own_inductor_cache(), quiet_native_output(), profile(activities=[ProfilerActivity.CPU],
+                                                                  profile_memory=True) as p:
             self.run(variant)
         evs = sorted((e.start_ns(), e.nbytes()) for e in p.profiler.kineto_results.events() if e.name() == "[memory]")
         cur = peak = 0

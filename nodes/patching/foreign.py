@@ -110,12 +110,14 @@ def say_chained(slots: list, what: str) -> None:
                  ", ".join(_slot_label(k) for k in slots[:6]) + (", …" if len(slots) > 6 else ""))
 
 
-def check_object_patches(object_patches: dict, names: Iterable[str], owner: str, what: str = "GCache") -> None:
+def check_object_patches(object_patches: dict, names: Iterable[str], owner: str, what: str = "GCache") -> list:
     """Object-patched families (no per-call options to guard): a node after GCache that replaced GCache's forward of
-    a block is said once per run; the gate then computes the calls that miss GCache's first or last block."""
+    a block is said once per run; the gate then computes the calls that miss GCache's first or last block. Returns
+    the replaced forwards' names (the run then knows why a call leaves the stack unpaired: no report to ask for)."""
     replaced = [n for n in names if n in object_patches and not is_ours(object_patches[n], owner)]
     if replaced:
         log.warning("%s: another node replaced GCache's patch of %d block forward(s) after %s (%s); GCache can't wrap "
                     "object patches per call, so calls that miss its first or last block compute without the cache. "
                     "Put that node before %s: GCache then calls its patch as the block.", what, len(replaced), what,
                     ", ".join(replaced[:4]) + (", …" if len(replaced) > 4 else ""), what)
+    return replaced

@@ -98,7 +98,8 @@ def _outer_sample(executor, *args, **kwargs):
         if ad.route == Route.DIT:
             run.slots = slots  # each call's other patches in them get GCache's gate (_apply_model)
         else:
-            foreign.check_object_patches(patcher.object_patches, [_object_name(s) for s in slots], config.owner)
+            run.replaced = foreign.check_object_patches(patcher.object_patches, [_object_name(s) for s in slots],
+                                                        config.owner)
     token = activate(run)
     ok = False
     try:

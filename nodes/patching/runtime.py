@@ -103,6 +103,7 @@ class RunState:
         self.disabled: Optional[str] = None  # why this run stopped caching (it then computes every step)
         self.may_skip = may_skip    # whether the mode may skip the stack at all (ComfyUI's memory compiler asks)
         self.slots: list = []       # the dit slots GCache patched (hooks.py sets them; foreign.py checks each call)
+        self.replaced: list = []    # GCache's block forwards another node's object patch replaced (said at the start)
         self.alloc_context: Optional[Callable] = None  # where the caches make what they keep (memory_compiler.py)
         self.uncached: set = set()  # patch signatures of calls that left the stack unpaired: they compute
         self.selfcheck = None       # a run that computes every step: its self-check of the skip path (selfcheck.py)
@@ -190,6 +191,10 @@ class RunState:
                         "first block but did not leave it through GCache's last block (another node replaced that "
                         "block's patch for the call); calls like it compute every step for the rest of this run.",
                         ln.patches)
+        elif new and self.replaced:  # another node's object patch replaced a GCache block: said at the run's start
+            log.info("GCache: a model call left the block stack without GCache's last block (another node replaced "
+                     "its forward: %s); calls like it compute every step for the rest of this run.",
+                     ", ".join(self.replaced[:4]))
         elif new:  # a plain call: the model's own loop skipped GCache's last patch (a changed ComfyUI)
             log.warning("GCache: a model call entered the block stack through GCache's first block but did not leave "
                         "it through GCache's last block: this model's block loop did not call the patch GCache set on "
