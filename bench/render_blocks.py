@@ -202,9 +202,24 @@ def gpu_formula(row: dict) -> dict:
 def gpu_check_when(results) -> str:
     rec, res = results.record("gpu_check"), results("gpu_check")
     models = res["models"]
-    return (f"{str(rec['date'])[:10]}, {res['machine'][1].split(',')[0]}, {res['machine'][2]}, "
+    return (f"{str(rec['date'])[:10]}, commit {str(rec.get('git_commit'))[:7]}, "
+            f"{res['machine'][1].split(',')[0]}, {res['machine'][2]}, "
             f"{models[0]['dtype']}, N = {models[0]['steps']} steps, "
-            + ", ".join(f"{m['reps']} repetitions ({m['model']})" for m in models) + ":")
+            + ", ".join(f"{m['reps']} repetitions ({m['model']})" for m in models) + gpu_check_age(rec) + ":")
+
+
+def gpu_check_age(rec: dict) -> str:
+    """A GPU run can't be repeated on every change (this project's machines have no GPU): its figures stay those of
+    the commit it ran at, and the docs say when the code it times has changed since."""
+    from . import runs, store
+    sources = runs.RUNS["gpu_check"].sources
+    if store.staleness(rec, sources) is None:
+        return ""
+    _, now = store.sources_hash(sources)
+    old = rec.get("source_files", {})
+    changed = sorted(f for f in set(old) | set(now) if old.get(f) != now.get(f))
+    return (f" (the code it times has changed since in {len(changed)} of its {len(now)} files: these are that "
+            "commit's figures until it runs on a GPU again)")
 
 
 @block("gpu_check.table")
@@ -753,3 +768,24 @@ def reference_training(results) -> str:
             f"min), final flow-matching loss {num(float(m['final_loss']), '.3f')}")
 
 
+
+
+@block("choice_regret.prose")
+def choice_regret_prose(results) -> str:
+    """bench/choice_regret.py's own output file (a long run, not repeated by bench/runs.py): a dated measurement of
+    the commit it ran at, said as such."""
+    rec = results.record("choice_regret")
+    rules, rows = rec["rules"], rec["rows"]
+    old, new = rules["z=2"]["regret"], rules["z=0"]["regret"]
+    better = sum(r["regret"]["z=0"] < r["regret"]["z=2"] for r in rows)
+    worse = sum(r["regret"]["z=0"] > r["regret"]["z=2"] for r in rows)
+    ks = sorted({r["K"] for r in rows})
+    budgets = sorted({r["budget"] for r in rows})
+    lo, hi = (int(x) for x in rec["search_seeds"][0].split("-"))
+    return (f"{len(rec['search_seeds'])} sets of {hi - lo + 1} search seeds, K = {ks[0]} to {ks[-1]} of {rec['N']}, "
+            f"budgets {' and '.join(str(b) for b in budgets)}; {rec['date']}, commit {rec['git_commit'][:7]}): it threw away better "
+            f"masks more often than it saved a lucky one, with a median regret of {num(old['median'], '.2f')} dB against "
+            f"the best mask each search evaluated, {num(old['mean'], '.2f')} dB on average and "
+            f"{num(old['worst'], '.2f')} dB at worst, where no margin had {num(new['median'], '.2f')}, "
+            f"{num(new['mean'], '.2f')} and {num(new['worst'], '.2f')} dB (better in {better} of {len(rows)} searches, "
+            f"worse in {worse})")
