@@ -100,6 +100,11 @@ class ModeConfig:
         """The model was called but no block patch ever was: its block loop does not ask for the patches the
         adapter set (a changed ComfyUI or a custom forward). Say so rather than silently doing nothing."""
         if run.calls and not stats.stack_calls and self.adapter.route != Route.FALLBACK and run.disabled is None:
+            if run.replaced:  # another node's object patch replaced GCache's first block: said at the run's start
+                log.info("GCache: %s's blocks were never reached through GCache's patches (another node replaced "
+                         "%s): every step computed, nothing cached or profiled.", self.model_name,
+                         ", ".join(run.replaced[:4]))
+                return
             log.warning("GCache: %s was sampled %d times but its %s blocks were never reached through the %s "
                         "patches: nothing was cached or profiled. Please report this model and ComfyUI version.",
                         self.model_name, run.calls, self.adapter.name, self.adapter.route.value)
