@@ -29,6 +29,7 @@ def main(argv=None, harness_factory=None) -> dict:
     from ..search import forecaster_check
     from ..search.loop import run_search
     from ..search.config import SearchConfig
+    from ..search.state import forecaster_of, mask_of
     setup = FittedSetup(a, harness_factory)
     profile, evaluate, held_out, gp_seeds = setup.profile, setup.evaluate, setup.held_out, setup.gp_seeds
     own = "fitted"
@@ -40,16 +41,16 @@ def main(argv=None, harness_factory=None) -> dict:
         for g in gp_seeds:
             res = run_search(profile, SearchConfig(k=k, budget=a.budget, seed=g, objective="ssim", forecast=own),
                              evaluate)
-            checked = res.state.checked
+            checked = res.state.checked  # the check of the candidate the search returned
             key = checked["mask"]
-            mask = [int(c) for c in key]
-            psnrs = {own: held_out(mask, own), **{n: held_out(mask, n) for n in checked["results"]}}
-            run = {"K": k, "gp_seed": g, "psnr": psnrs, "loss": {own: res.state.masks[key]["loss"],
-                                                                 **{n: r["loss"] for n, r in checked["results"].items()}},
+            base, mask = forecaster_of(key, own), mask_of(key)  # a candidate may be another forecaster's mask
+            psnrs = {base: held_out(mask, base), **{n: held_out(mask, n) for n in checked["results"]}}
+            run = {"K": k, "gp_seed": g, "searched_with": base, "psnr": psnrs,
+                   "loss": {base: res.state.masks[key]["loss"], **{n: r["loss"] for n, r in checked["results"].items()}},
                    "picks": {}}
             for rule in forecaster_check.RULES:
-                pick = forecaster_check.pick(res.state.masks[key], checked["results"], g, rule) or own
-                run["picks"][rule] = {"forecaster": pick, "gain_db": round(psnrs[pick] - psnrs[own], 3)}
+                pick = forecaster_check.pick(res.state.masks[key], checked["results"], g, rule) or base
+                run["picks"][rule] = {"forecaster": pick, "gain_db": round(psnrs[pick] - psnrs[base], 3)}
             runs.append(run)
             progress.step(f"K = {k}, GP seed {g}: held-out " + ", ".join(f"{n} {v:.2f} dB" for n, v in psnrs.items())
                           + "; search loss " + ", ".join(f"{n} {v:.4g}" for n, v in run["loss"].items()) + "; picks "
@@ -60,9 +61,9 @@ def main(argv=None, harness_factory=None) -> dict:
         per_k = {str(k): round(statistics.median(r["picks"][rule]["gain_db"] for r in runs if r["K"] == k), 3)
                  for k in a.ks}
         out["rules"][rule] = {"median_gain_db": round(statistics.median(gains), 3), "worst_gain_db": min(gains),
-                              "switched": sum(r["picks"][rule]["forecaster"] != own for r in runs),
+                              "switched": sum(r["picks"][rule]["forecaster"] != r["searched_with"] for r in runs),
                               "median_gain_db_per_k": per_k}
-        print(f"rule {rule}: held-out gain over keeping {own}: median {statistics.median(gains):+.2f} dB, worst "
+        print(f"rule {rule}: held-out gain over keeping the candidate's forecaster: median {statistics.median(gains):+.2f} dB, worst "
               f"{min(gains):+.2f} dB, switched in {out['rules'][rule]['switched']} of {len(runs)}; per K (median) " +
               ", ".join(f"K={k}: {v:+.2f}" for k, v in per_k.items()), flush=True)
     print(json.dumps(out))

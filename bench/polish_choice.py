@@ -44,6 +44,7 @@ def main(argv=None) -> dict:
     from ..search.infra.cli import parse_seeds, set_threads
     from ..search.config import SearchConfig
     from ..search.infra.objectives import make_objective, psnr
+    from ..search.state import forecaster_of, mask_of
     set_threads(a.threads)
     h = ReferenceHarness(30)
     search_seeds, eval_seeds, gp_seeds = parse_seeds(a.search_seeds), parse_seeds(a.eval_seeds), parse_seeds(a.gp_seeds)
@@ -52,10 +53,10 @@ def main(argv=None) -> dict:
     evaluate = h.evaluator(search_seeds, make_objective("ssim"), forecast=fc.name, profile=profile)
     ref, held = h.full(eval_seeds), {}
 
-    def held_out(key: str) -> float:
+    def held_out(key: str) -> float:  # a candidate key (search/state.py): its mask under its forecaster
         if key not in held:
-            mask = [int(c) for c in key]
-            img, _ = h.run(eval_seeds, mask, forecast=fc.name, forecast_params=fc.fit(profile, mask))
+            mask, name = mask_of(key), forecaster_of(key, fc.name)
+            img, _ = h.run(eval_seeds, mask, forecast=name, forecast_params=forecasters.get(name).fit(profile, mask))
             held[key] = round(psnr(img, ref), 3)
         return held[key]
 

@@ -7,7 +7,9 @@ LPIPS when its backbone is present) against full compute with the same seeds. Th
 seeds (--search-seeds).
 
 Rows per K: the baselines (uniform, TeaCache-like, local DP, theory DP), instant policies (reuse from one batch /
-one sample; linear, fitted, fitted with the RMS error model, and auto's pick), the reuse search (gcache), linear on
+one sample; linear, fitted, fitted with the RMS error model, and auto's pick; every other forecaster of
+core/forecasters on its own DP mask, instant_<name>, and every forecaster on auto's mask, <name>_auto_mask: the
+rows a forecast search must not fall below), the reuse search (gcache), linear on
 its mask, the search with auto's forecaster (gcache_forecast: its mask under the forecaster its forecaster check
 chose; the same search without polish: gcache_forecast_nopolish; its mask under auto's forecaster, i.e. without the
 check: gcache_forecast_unchecked), the fitted forecaster on the uniform mask, and the rivals (bench/rivals.py: spectrum,
@@ -18,7 +20,9 @@ gcache_forecast_unchecked there).
 polish_gain_db: per K, the median over --gp-seeds (SearchConfig.seed) of the held-out PSNR of the forecast search with
 polish minus the same search without it (same budget).
 
-Also: search evaluations (distinct masks), wall time, GP seconds per iteration at the end, and how many evaluations
+Also: what the forecast search spent on other forecasters (its start masks applied with another forecaster, the
+forecaster check's evaluations after the budget) and the least budget with and without those start masks; search
+evaluations (distinct masks), wall time, GP seconds per iteration at the end, and how many evaluations
 the reuse search needed to come within 0.3 dB (held-out PSNR) of its full-budget result. `--gp-n 500` times the GP
 step at n = 500 observations (cold fit with restarts vs warm start, side by side).
 
@@ -43,10 +47,30 @@ import numpy as np
 from .cli import BenchParser, Progress, run_main, seed_text, whole
 
 RIVALS = ("spectrum", "spectrum_mix", "l2p", "l2p_all")
-METHODS = ("uniform", "teacache", "local_dp", "theory_dp", "instant_1batch", "instant_1sample", "gcache",
-           "forecast_on_gcache_mask", "instant_linear", "instant_fitted", "instant_fitted_rms", "instant_auto",
-           "gcache_forecast", "gcache_forecast_nopolish", "gcache_forecast_unchecked", "fitted_uniform") + \
-    tuple(f"{r}_{m}" for r in RIVALS for m in ("uniform", "gcache_mask"))
+
+
+def shipped() -> list[str]:
+    """GCache's own forecasters (core/forecasters/), not the rivals bench/rivals.py registers for its rows."""
+    from ..core import forecasters
+    return [n for n in forecasters.names()
+            if type(forecasters.get(n)).__module__.startswith(forecasters.__name__ + ".")]
+
+
+# every forecaster's instant policy on its own DP mask (reuse's is instant_1batch; linear's and fitted's were rows
+# already), and every forecaster on auto's mask: the rows the forecast search must not fall below
+def _forecasts(name: str) -> bool:
+    from ..core import forecasters
+    return forecasters.get(name).forecasts
+
+
+OWN_MASK = tuple(f"instant_{n}" for n in shipped() if _forecasts(n))
+ON_AUTO_MASK = tuple(f"{n}_auto_mask" for n in shipped())
+METHODS = tuple(dict.fromkeys(
+    ("uniform", "teacache", "local_dp", "theory_dp", "instant_1batch", "instant_1sample", "gcache",
+     "forecast_on_gcache_mask", "instant_linear", "instant_fitted", "instant_fitted_rms", "instant_auto")
+    + OWN_MASK + ON_AUTO_MASK
+    + ("gcache_forecast", "gcache_forecast_nopolish", "gcache_forecast_unchecked", "fitted_uniform")
+    + tuple(f"{r}_{m}" for r in RIVALS for m in ("uniform", "gcache_mask"))))
 SEARCHES = ("gcache", "gcache_forecast", "gcache_forecast_nopolish", "gcache_forecast_unchecked")
 REUSING = ("uniform", "teacache", "local_dp", "theory_dp", "instant_1batch", "instant_1sample")  # no forecasting
 ONE_BATCH = 8  # samples in "one profiled batch" (instant_1batch); instant_1sample profiles a single seed
@@ -70,16 +94,36 @@ def held_out(h, mask, seeds, lpips_net=None, forecast="reuse", params=None) -> d
 
 def convergence(res, h, seeds, final_psnr: float, tol: float = 0.3) -> int:
     """Evaluations (distinct masks) after which the best-so-far mask's held-out PSNR is within tol of the final."""
+    from ..search.state import mask_of
     best, seen, cache = None, set(), {}
     for e in res.history:
         seen.add(e["mask"])
         if best is None or e["loss"] < best["loss"]:
             best = e
         if best["mask"] not in cache:
-            cache[best["mask"]] = held_out(h, [int(c) for c in best["mask"]], seeds)["psnr"]
+            cache[best["mask"]] = held_out(h, mask_of(best["mask"]), seeds)["psnr"]  # a reuse search: reuse
         if cache[best["mask"]] >= final_psnr - tol:
             return len(seen)
     return len(seen) + 1  # only the final argmin-μ mask reached it
+
+
+def forecast_cost(state) -> dict:
+    """What the forecast search spent on other forecasters: its start masks applied with another forecaster than
+    its own (search/starts.py), and the forecaster check's evaluations after the budget (forecaster_check.py)."""
+    history = state.history
+    in_history = {h["mask"] for h in history} | ({state.final["mask"]} if state.final else set())
+    return {"start_masks": len(state.starts_names),
+            "other_forecaster_starts": sum(h["kind"] == "instant" and "@" in h["mask"] for h in history),
+            "check_evaluations": sum(key not in in_history for key in state.masks)}
+
+
+def budget_floor(forecast: str, degree: int) -> dict:
+    """The least budget of a search of `forecast` on a profile with forecast statistics, with the other
+    profile-fitted forecasters' start masks and without them (search/budget.py)."""
+    from ..search.budget import least_budget
+    from ..search.starts import start_count
+    return {"with_other_forecasters": least_budget(start_count(forecast, True), degree),
+            "own_start_masks_only": least_budget(start_count(forecast, True, others=False), degree)}
 
 
 def gp_timing(n: int, dim: int = 4, iters: int = 10) -> dict:
@@ -168,6 +212,12 @@ def run_n(n_steps, args, objective, lpips_net, harness_factory=None) -> dict:
             row(k, name, pol.mask, fc, pol.forecast_params)
         pol = auto_policy(one_batch, k, auto_forecaster[k])  # what GCache Apply (auto) applies: the reuse DP's mask
         row(k, "instant_auto", pol.mask, auto_forecaster[k], pol.forecast_params)
+        for name in shipped():  # every forecaster on its own DP mask and on auto's mask
+            f = forecasters.get(name)
+            if f"instant_{name}" in OWN_MASK and f"instant_{name}" not in {r["method"] for r in rows if r["K"] == k}:
+                own = instant_policy(one_batch, k, "theory", forecast=name)
+                row(k, f"instant_{name}", own.mask, name, own.forecast_params)
+            row(k, f"{name}_auto_mask", pol.mask, name, f.fit(one_batch, pol.mask) if f.forecasts else None)
         res, wall = search(k, "reuse", args.seed)
         m = row(k, "gcache", res.policy.mask, chosen=res.policy.provenance["won"])
         progress.step(f"K = {k}: reuse search {m['psnr']:.2f} dB held-out ({res.policy.provenance['won']})")
@@ -190,7 +240,7 @@ def run_n(n_steps, args, objective, lpips_net, harness_factory=None) -> dict:
                     row(k, "gcache_forecast" + ("" if tag == "polish" else "_nopolish"), fpol.mask,
                             fpol.forecast, fpol.forecast_params, chosen=fpol.provenance["won"])
                     if tag == "polish":
-                        searched = fpol
+                        searched, sstate = fpol, fres.state
         # the searched mask under the search's own forecaster: the search without its forecaster check
         row(k, "gcache_forecast_unchecked", searched.mask, fc, forecasters.get(fc).fit(profile, searched.mask))
         uni = uniform_mask(n_steps, k)
@@ -214,9 +264,10 @@ def run_n(n_steps, args, objective, lpips_net, harness_factory=None) -> dict:
                      "evals_to_0.3dB": convergence(res, h, eval_seeds, m["psnr"]),
                      "forecast_won": searched.provenance["won"], "forecast_chosen": searched.provenance["chosen"],
                      "forecast_forecaster": searched.forecast,
-                     "polish_accepted": searched.provenance["polish"]["accepted"]})
+                     "polish_accepted": searched.provenance["polish"]["accepted"], **forecast_cost(sstate)})
+    floors = {fc: budget_floor(fc, args.degree) for fc in sorted(set(auto_forecaster.values()))}
     return {"N": n_steps, "rows": rows, "cost": cost, "ks": ks_of(n_steps), "auto_forecaster": auto_forecaster,
-            "polish_runs": polish_runs}
+            "polish_runs": polish_runs, "budget_floor": floors}
 
 
 def report(out: dict, objective_name: str, lpips: bool) -> dict:
@@ -278,6 +329,11 @@ def report(out: dict, objective_name: str, lpips: bool) -> dict:
     print("rivals − fitted on the same mask (uniform / gcache_forecast's), dB: " + "; ".join(
         f"{rv} {where}: " + ", ".join(f"K={k} {v:+.2f}" for k, v in per_k.items())
         for rv, d in rivals.items() for where, per_k in d.items()))
+    print("forecast search: start masks " + ", ".join(f"K={c['K']}: {c['start_masks']} ({c['other_forecaster_starts']} "
+                                                    f"under another forecaster)" for c in cost)
+          + "; forecaster check evaluations " + ", ".join(f"K={c['K']}: {c['check_evaluations']}" for c in cost)
+          + "; least budget " + ", ".join(f"{fc}: {v['with_other_forecasters']} (own start masks only: "
+                                                   f"{v['own_start_masks_only']})" for fc, v in out["budget_floor"].items()))
     gp_end = [c["gp_s_per_iter_end"] for c in cost if c["gp_s_per_iter_end"] is not None]
     return {"N": n, "rows": [{"K": r["K"], "method": r["method"], "psnr": round(r["psnr"], 3),
                               "ssim": round(r["ssim"], 4), **({"lpips": round(r["lpips"], 4)} if lpips else {}),
@@ -293,6 +349,9 @@ def report(out: dict, objective_name: str, lpips: bool) -> dict:
             "auto_forecaster": {str(k): v for k, v in out["auto_forecaster"].items()},
             "evaluations": sum(c["evaluations"] for c in cost),
             "gp_seconds_per_iter_at_end": max(gp_end) if gp_end else None, "objective": objective_name,
+            "forecast_search_cost": {str(c["K"]): {k: c[k] for k in ("start_masks", "other_forecaster_starts",
+                                                                      "check_evaluations")} for c in cost},
+            "budget_floor": out["budget_floor"],
             "evals_to_within_0.3dB": [c["evals_to_0.3dB"] for c in cost]}
 
 

@@ -485,6 +485,17 @@ def auto_error_models_prose(results) -> str:
 BLOCKS["auto_error_models.prose"] = auto_error_models_prose
 
 
+@block("auto_error_models.own_masks")
+def auto_error_models_own_masks(results) -> str:
+    res = results("auto_error_models")
+    s = res["own_masks_by_bound_minus_auto"]
+    verdict = ("so auto now lets the bound choose" if res["own_masks_by_bound_keep"] else
+               "so auto does not (the rule for changing it: a median win and no loss beyond 1 dB)")
+    return (f"letting the held-out bound choose between auto's policy and each candidate's own instant policy gave "
+            f"a median {num(s['median'], '+.2f')} dB against auto (better at {s['better']}, worse at {s['worse']} of "
+            f"{s['of']} (N, K), {num(s['min'], '+.2f')} to {num(s['max'], '+.2f')} dB), {verdict}")
+
+
 @block("l2p_keeps.l2p")
 def l2p_keeps_l2p(results) -> str:
     d = results("l2p_keeps")["minus_fitted_db"]["l2p"]

@@ -47,10 +47,14 @@ class FittedSetup:
                                          profile=self.profile)
         self.ref = self.h.full(self.eval_seeds)
 
-    def held_out(self, mask: Sequence[int], forecaster: str = "fitted", params: Optional[dict] = None) -> float:
-        """`params` None: fitted to the mask from the profile."""
+    def held_out(self, mask, forecaster: str = "fitted", params: Optional[dict] = None) -> float:
+        """`mask`: 0/1 values, or a search's candidate key (search/state.py: "1001…@l2p" applies l2p, a bare mask
+        `forecaster`); `params` None: fitted to the mask from the profile."""
         from ..core import forecasters
         from ..search.infra.objectives import psnr
+        from ..search.state import forecaster_of, mask_of
+        if isinstance(mask, str):
+            mask, forecaster = mask_of(mask), forecaster_of(mask, forecaster)
         fc = forecasters.get(forecaster)
         mask = [int(c) for c in mask]
         img, _ = self.h.run(self.eval_seeds, mask, forecast=fc.name,

@@ -31,6 +31,7 @@ from .state import POLISH, START, SearchState
 
 # How the chosen entry was chosen (the policy's provenance "chosen")
 BEST, ARGMIN_MU, BEYOND_NOISE, WITHIN_NOISE = "best_evaluated", "argmin_mu", "beyond_noise", "instant_within_noise"
+CHECKED = "forecaster_check"  # another candidate the choice accepted won under the forecaster the check gave it
 
 
 class Choice(NamedTuple):
@@ -42,13 +43,19 @@ class Choice(NamedTuple):
 
 def choose(state: SearchState, rule: Rule = CHOICE, chain: Rule = CHAIN) -> Choice:
     """The mask the search returns. `rule`, `chain`: paired.CHOICE and paired.CHAIN (others: for the benches)."""
+    return ranking(state, rule, chain)[0]
+
+
+def ranking(state: SearchState, rule: Rule = CHOICE, chain: Rule = CHAIN) -> list[Choice]:
+    """Every entry the rule would return, best first: the believable ones with a lower loss than the fallback (the
+    lowest first), then the fallback. The first is `choose`'s; the forecaster check looks at those after it too."""
     masks, fin = state.masks, state.final
     best = state.best(with_final=True)
     fallback = state.best(kinds=(START,))
     if best is None:
-        return Choice(None, BEST, False)
+        return [Choice(None, BEST, False)]
     if fallback is None:  # no start mask measured yet
-        return Choice(best, ARGMIN_MU if best is fin else BEST, False)
+        return [Choice(best, ARGMIN_MU if best is fin else BEST, False)]
     by_key = {h["mask"]: h for h in state.history}
     by_key.update({h["mask"]: h for h in state.history if h.get("accepted")})  # a mask's polish entry, if it has one
 
@@ -69,10 +76,11 @@ def choose(state: SearchState, rule: Rule = CHOICE, chain: Rule = CHAIN) -> Choi
     # a polish move that was not accepted failed the polish guard against its parent: never a candidate
     pool = [e for e in state.history if not (e["kind"] == POLISH and not e.get("accepted"))] + ([fin] if fin else [])
     better = sorted((e for e in pool if e["loss"] < fallback["loss"]), key=lambda e: (e["loss"], e.get("i", math.inf)))
+    out = []
     for e in better:
         ok = believable(e)
         if ok is None or ok:
             how = ARGMIN_MU if e is fin else (BEST if e is best else BEYOND_NOISE)
-            return Choice(e, how, ok is None)
-    return Choice(fallback, WITHIN_NOISE if better else BEST, False)
+            out.append(Choice(e, how, ok is None))
+    return out + [Choice(fallback, WITHIN_NOISE if better and not out else BEST, False)]
 

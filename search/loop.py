@@ -5,15 +5,22 @@ polish stage of local moves on the true loss.
 
 SearchLoop is one search, one method per phase, in the order they run:
 
-    start(j)   start mask j (starts.py: the instant DP masks of every error model, the TeaCache-like mask, the
-               caller's extra masks)
-    grid(j)    point j of the 2^(d+1) start grid of s, through the DP
-    gp(j)      GP-LCB's next s (κ from 2.576 down to 1.0), through the DP
-    polish()   a move of the best mask so far (polish.py; kept when the polish guard says its gain is real)
+    start(j)   start mask j (starts.py: the instant DP masks of every error model, those of the other
+               profile-fitted forecasters (each applied with its own), the TeaCache-like mask, the caller's extra
+               masks)
+    grid(j)    point j of the 2^(d+1) start grid of s, through the DP of the working forecaster: the forecaster of
+               the best start mask (the grid waits until every start mask is back)
+    gp(j)      GP-LCB's next s (κ from 2.576 down to 1.0), through the same DP
+    polish()   a move of the best candidate so far, under its forecaster (polish.py; kept when the polish guard says
+               its gain is real)
     finish()   the GP refit on every (s, loss); the mask of s_μ = argmin μ(s), measured if new
-    choose()   the mask the search returns (choice.py: never worse on its loss than its best start mask)
-    check(c)   the chosen mask under the other profile-fitted forecasters (forecaster_check.py)
+    choose()   the candidates the search could return (choice.py: never worse on its loss than its best start mask)
+    check(c)   those candidates under the other profile-fitted forecasters (forecaster_check.py)
     result()   the policy (result.py)
+
+A candidate is a mask with the forecaster it is applied with (state.py key_of): the search's own, or another
+profile-fitted one's. A state file of version 3 (made before) resumes as it was: its own start masks only, the
+check on its chosen mask only.
 
 The budget splits into the first four phases (budget.py); `propose(j)` says which phase proposal j belongs to.
 `run()` drives them: up to q proposals in flight on an Executor (executor.py), each result recorded in the state
@@ -50,8 +57,9 @@ from .gp import GPLCB, kappa_schedule, start_grid
 from .instant import bound_on, dp_on, propagation_weights
 from .polish import Polish
 from .result import SearchResult
+from .choice import ranking
 from .starts import start_masks
-from .state import FINAL, GP, GRID, POLISH, START, SearchState
+from .state import FINAL, GP, GRID, POLISH, START, SearchState, forecaster_of, key_of, split_key
 
 log = logging.getLogger("gcache")
 
@@ -100,22 +108,53 @@ class SearchLoop:
             raise GCacheError(f"The profile is inconsistent: E is {profile.E.shape} and has {self.times.size} times "
                               f"for {n} steps.")
         # the forecaster's error tensors: a profile without forecast errors stops here, with the fix
-        self.errors = forecasters.get(config.forecast).dp_errors(profile)
-        self.starts = start_masks(profile, config.k, config.forecast, extra_masks)
-        config.validate(n, len(self.starts))
+        self.own = forecasters.get(config.forecast).name
+        self._errors = {self.own: forecasters.get(self.own).dp_errors(profile)}
+        # the other profile-fitted forecasters' start masks need an evaluation that can apply them
+        others = executor.can_apply_forecaster and not skip_check
+        starts = start_masks(profile, config.k, config.forecast, extra_masks, others=others)
+        own_starts = start_masks(profile, config.k, config.forecast, extra_masks, others=False) if others else starts
         self.profile, self.config, self.executor, self.q = profile, config, executor, q
         self.progress, self.should_stop, self.skip_check = progress, should_stop, skip_check
         self.provenance = json.loads(json.dumps(dict(provenance or {}), default=str))
-        self.state = SearchState.open(state_path, config, profile, self.provenance, [name for name, _ in self.starts])
+        self.state = SearchState.open(state_path, config, profile, self.provenance, [nm for nm, _, _ in starts],
+                                      [nm for nm, _, _ in own_starts])
+        self.starts = starts if self.state.starts_names == [nm for nm, _, _ in starts] else own_starts
+        config.validate(n, len(self.starts))
         self.grid_points = start_grid(config.degree + 1, config.s_min, config.s_max)
         self.surrogate = GPLCB(config.degree + 1, config.s_min, config.s_max, config.seed, config.n_candidates,
                                config.acq_polish, config.warm_maxiter, config.cold_every)
         _, _, self.n_gp, self.n_polish = config.phases(len(self.starts))
         w_theory = propagation_weights(profile, "theory")
         self.polisher = Polish(self.state, config.seed, None if config.polish_order == "seeded" else
-                               lambda key: bound_on(self.errors, w_theory, [int(c) for c in key]), config.polish_guard)
+                               lambda key: bound_on(self.errors_of(key), w_theory, [int(c) for c in split_key(key)[0]]),
+                               config.polish_guard)
         self.in_flight: dict = {}  # executor handle -> (proposal, start time)
         self.every = max(1, config.budget // 10)
+
+    # ------------------------------------------------------------------------------------------ the forecasters
+    def errors_of(self, key: Optional[str] = None) -> tuple:
+        """The DP's error tensors of the forecaster of candidate `key` (None: of the working forecaster)."""
+        name = self.working() if key is None else forecaster_of(key, self.own)
+        if name not in self._errors:
+            self._errors[name] = forecasters.get(name).dp_errors(self.profile)
+        return self._errors[name]
+
+    @property
+    def errors(self) -> tuple:
+        """The search's own forecaster's DP error tensors."""
+        return self._errors[self.own]
+
+    def working(self) -> str:
+        """The forecaster the start grid, GP-LCB and argmin μ apply: the one of the best start mask (the search's own
+        while no start mask is measured). Fixed once every start mask is back, as the grid waits for that."""
+        best = self.state.best(kinds=(START,))
+        return self.own if best is None else forecaster_of(best["mask"], self.own)
+
+    def key(self, mask) -> str:
+        """The candidate key of `mask` under the working forecaster."""
+        name = self.working()
+        return key_of(mask, None if name == self.own else name)
 
     # ------------------------------------------------------------------------------------------ the phases
     def phase_of(self, j: int) -> str:
@@ -132,6 +171,8 @@ class SearchLoop:
         phase = self.phase_of(j)
         if phase == START:
             return self.start(j)
+        if any(p["kind"] == START for p in self.state.pending):
+            return None  # the working forecaster is the best start mask's: every start mask must be back
         if phase == GRID:
             return self.grid(j - len(self.starts))
         if phase == GP:
@@ -140,18 +181,19 @@ class SearchLoop:
 
     def start(self, j: int) -> dict:
         """Start mask j."""
-        name, mask = self.starts[j]
-        return {"kind": START, "s": None, "mask": mask_key(mask), "method": name, "bound": None}
+        name, mask, fc = self.starts[j]
+        return {"kind": START, "s": None, "mask": key_of(mask, None if fc == self.own else fc), "method": name,
+                "bound": None}
 
     def mask_for(self, s) -> tuple[list, float]:
-        """The DP's K-mask (and its bound) under the weight w(t; s)."""
-        return dp_on(self.errors, bernstein_w(self.times, s), self.config.k)
+        """The working forecaster's DP K-mask (and its bound) under the weight w(t; s)."""
+        return dp_on(self.errors_of(), bernstein_w(self.times, s), self.config.k)
 
     def grid(self, j: int) -> dict:
         """Point j of the start grid."""
         s = self.grid_points[j]
         mask, bound = self.mask_for(s)
-        return {"kind": GRID, "s": [float(v) for v in s], "mask": mask_key(mask), "bound": bound}
+        return {"kind": GRID, "s": [float(v) for v in s], "mask": self.key(mask), "bound": bound}
 
     def gp(self, j: int) -> dict:
         """GP-LCB proposal j (0-based within the phase): the GP fitted on every (s, loss) so far, the proposals
@@ -165,7 +207,7 @@ class SearchLoop:
         kappa = kappa_schedule(j, self.n_gp)
         s = self.surrogate.minimize_acq(kappa, j + len(self.starts) + len(self.grid_points))
         mask, bound = self.mask_for(s)
-        return {"kind": GP, "s": [float(v) for v in s], "mask": mask_key(mask), "bound": bound, "kappa": kappa,
+        return {"kind": GP, "s": [float(v) for v in s], "mask": self.key(mask), "bound": bound, "kappa": kappa,
                 "gp_seconds": round(time.perf_counter() - t0, 4)}
 
     def polish(self) -> Optional[dict]:
@@ -191,11 +233,11 @@ class SearchLoop:
         s_mu = self.surrogate.minimize_acq(0.0, config.budget, extra_starts=S[[int(np.argmin(y))]])
         gp_secs = time.perf_counter() - t0
         mask, bound = self.mask_for(s_mu)
-        key, secs = mask_key(mask), 0.0
+        key, secs = self.key(mask), 0.0
         reused = key in state.masks
         if not reused:
             t0 = time.perf_counter()
-            raw = evaluate_now(self.executor, list(mask))
+            raw = evaluate_now(self.executor, list(mask), forecast=split_key(key)[1])
             secs = time.perf_counter() - t0
             state.measure(key, raw, secs, first=config.budget)
         state.finish({"s": [float(v) for v in s_mu], "mask": key, "loss": state.masks[key]["loss"], "reused": reused,
@@ -203,18 +245,25 @@ class SearchLoop:
         self.report({"kind": FINAL, **state.final}, len(state.history))
 
     def choose(self) -> Choice:
-        """The mask the search returns (choice.py)."""
+        """The candidate the search returns before the forecaster check (choice.py)."""
         return choose(self.state)
 
     def check(self, choice: Choice) -> dict:
-        """The forecaster check on the chosen mask (forecaster_check.py), through the executor when it can apply
-        another forecaster."""
+        """The forecaster check (forecaster_check.py), through the executor when it can apply another forecaster: on
+        every candidate the final choice could return (a version-3 search: on the chosen mask)."""
         measure = None
         if not self.skip_check and self.executor.can_apply_forecaster:
             def measure(mask: list, name: str) -> Any:
-                return evaluate_now(self.executor, mask, forecast=name)
-        return forecaster_check.run(self.state, self.profile, self.config.forecast, choice.entry["mask"], measure,
-                                    self.skip_check)
+                return evaluate_now(self.executor, mask, forecast=None if name == self.own else name)
+        if self.state.version < 4:
+            return forecaster_check.run(self.state, self.profile, self.config.forecast, choice.entry["mask"], measure,
+                                        self.skip_check)
+        ranked = ranking(self.state)
+        keys = forecaster_check.could_return(self.state, ranked)
+        check = forecaster_check.run_on_candidates(self.state, self.profile, self.config.forecast, keys, measure,
+                                                   self.skip_check)
+        check["entry"] = next(c.entry for c in ranked if c.entry["mask"] == check["mask"])
+        return check
 
     def result(self, choice: Choice, check: dict) -> SearchResult:
         return results.build(self.state, self.profile, self.config, choice, check)
@@ -235,7 +284,10 @@ class SearchLoop:
                      best["loss"], results.method_of(best))
 
     def dispatch(self, p: dict) -> None:
-        self.in_flight[self.executor.submit([int(c) for c in p["mask"]])] = (p, time.perf_counter())
+        bits, fc = split_key(p["mask"])
+        mask = [int(c) for c in bits]
+        handle = self.executor.submit(mask) if fc is None else self.executor.submit(mask, forecast=fc)
+        self.in_flight[handle] = (p, time.perf_counter())
 
     def collect(self) -> None:
         """Records the results that are back (and the proposals of the same masks made while they were out)."""

@@ -25,6 +25,10 @@ The rules of one search, each with the measurement behind it:
         passes the choice's own rule; the chain counts for the stricter rules the benches compare.)
     forecaster check (forecaster_check.RULES)  when another forecaster takes over the chosen mask
         "halves": bench/forecaster_check.py, 3 switches in 15 searches, none below keeping the search's forecaster.
+    which masks the check looks at (CHECK_NEAR, forecaster_check.could_return)  those the final choice could return
+        the chosen one and the next ones the choice accepts whose loss the seeds can't tell from the chosen one's
+        (the chosen one's paired gain over them within CHECK_Z = 2 standard errors, the margin of the final choice
+        before it was measured), at most forecaster_check.CHECK_MOST of them.
 
 Guard names are stored in state files ("polish": {"guard": …}): SAVED_GUARDS is their registry (state.py checks a
 file's name against it, polish.py looks its rule up there).
@@ -47,6 +51,7 @@ POLISH_Z = 0.674  # the normal's 75 % point: a null move's paired gain is beyond
 # used before, 0.41 / 2.57 / 0.96, and z = 0 chose better than z = 2 in 8 of 30 searches, worse in 2.
 CHOICE_Z = 0.0
 CHAIN_Z = 0.0  # the end of a chain of accepted polish moves: any lower loss (bench/polish_choice.py)
+CHECK_Z = 2.0  # a mask the chosen one beats by less than this many standard errors could have been chosen instead
 
 
 def per_seed(entry: Optional[dict]) -> Optional[np.ndarray]:
@@ -114,6 +119,7 @@ MEAN = Rule("mean", "the loss falls", None)  # no per-seed losses of 2+ seeds: n
 POLISH = beyond_z(POLISH_Z, "z")
 CHOICE = beyond_z(CHOICE_Z, "choice")
 CHAIN = beyond_z(CHAIN_Z, "chain")
+CHECK_NEAR = beyond_z(CHECK_Z, "check window")  # the chosen mask is clearly better than the other: not checked
 
 # The polish guards a search may ask for (SearchConfig.polish_guard), and what a state file may hold.
 GUARDS = {"halves": HALVES, "z": POLISH}

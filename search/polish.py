@@ -11,7 +11,8 @@ gained 1.2 dB at K = 10 of 30 within 40 evaluations).
   poor judge of masks (that is why the polish measures them), but a fair guide to which move to measure first:
   measured against a seeded random order within rings (bench/RESULTS.md, 2026-11-27), the median held-out gain of
   polish over the GP-only search rose from +0.40/+1.35/−0.21 to +0.41/+1.99/+0.31 dB at K = 6/8/10 of 30, budget 48.
-- A climb starts from the best measured mask (its root). Moves of the incumbent are proposed until one is accepted;
+- A climb starts from the best measured mask (its root), under the forecaster it was measured with (a candidate key,
+  state.py): its moves keep that forecaster. Moves of the incumbent are proposed until one is accepted;
   its moves are proposed next. When every move of the incumbent is measured and none was accepted (a local
   optimum), the climb starts again from the best measured mask that was neither a root nor an incumbent yet.
 - Overfitting guard (SearchConfig.polish_guard, a rule of paired.GUARDS). On a held-out benchmark a plain hill climb
@@ -36,7 +37,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from . import paired
-from .state import POLISH, SearchState
+from .state import POLISH, SearchState, key_of, split_key
 
 log = logging.getLogger("gcache")
 RINGS = 3  # moves by 1, by 2, and by more
@@ -53,14 +54,16 @@ def swap(key: str, computed: int, skipped: int) -> str:
 
 
 def moves(key: str, seed: int, score: Optional[Callable[[str], float]] = None) -> list[str]:
-    """Every mask one move from `key` (a computed step other than 0 to a skipped step): moves by ±1 first, then ±2,
-    then the rest; within each, the lowest `score` first (None: no preference), ties in an order seeded by
-    (seed, key)."""
-    comp = [i for i in range(1, len(key)) if key[i] == "1"]
-    skip = [i for i in range(1, len(key)) if key[i] == "0"]
+    """Every candidate one move from `key` (a computed step other than 0 to a skipped step, the same forecaster):
+    moves by ±1 first, then ±2, then the rest; within each, the lowest `score` first (None: no preference), ties in
+    an order seeded by (seed, key)."""
+    bits, forecast = split_key(key)
+    comp = [i for i in range(1, len(bits)) if bits[i] == "1"]
+    skip = [i for i in range(1, len(bits)) if bits[i] == "0"]
     pairs = [(c, s) for c in comp for s in skip]
     rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, _digest(key)])
-    cands = [(min(abs(c - s), RINGS), swap(key, c, s)) for c, s in (pairs[o] for o in rng.permutation(len(pairs)))]
+    cands = [(min(abs(c - s), RINGS), key_of(swap(bits, c, s), forecast))
+             for c, s in (pairs[o] for o in rng.permutation(len(pairs)))]
     cands.sort(key=lambda t: (t[0], score(t[1]) if score else 0.0))  # stable: ties keep the seeded order
     return [m for _, m in cands]
 

@@ -10,15 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from ..core import forecasters
 from ..core.io_share import IoShare
 from ..core.policy import Policy
 from ..core.profile import Profile
 from . import forecaster_check
-from .choice import Choice
+from .choice import CHECKED, Choice
 from .config import SearchConfig
 from .instant import instant_name
 from .paired import paired_difference
-from .state import POLISH, SearchState
+from .state import POLISH, SearchState, forecaster_of, mask_of
 
 
 @dataclass
@@ -59,15 +60,25 @@ def method_of(entry: dict) -> str:
 
 
 def build(state: SearchState, profile: Profile, config: SearchConfig, choice: Choice, check: dict) -> SearchResult:
-    """The result of a finished search: the policy of the chosen mask under the forecaster the check chose, with
-    its provenance and its loss minus the instant policy's, paired over the seeds."""
+    """The result of a finished search: the policy of the candidate the check chose (a version-3 search: the chosen
+    mask under the forecaster the check chose), with its provenance and its loss minus the instant policy's, paired
+    over the seeds."""
     hist, fin, masks = state.history, state.final, state.masks
-    best, chosen = state.best(), choice.entry
+    best = state.best()
     own = instant_name("theory", config.forecast)  # the instant policy of the same forecaster
     theory = next((h for h in hist if h.get("method") == own), None)
     fc_name = check["forecaster"]
-    searched = masks[chosen["mask"]]
-    measured = check["results"][fc_name] if fc_name != config.forecast else searched
+    searched_with = forecasters.get(config.forecast).name
+    if "key" in check:  # version 4: the check chose among the candidates the choice could return
+        base, chosen = check["mask"], check["entry"]
+        searched, measured = masks[base], masks[check["key"]]
+        base_fc = forecaster_of(base, searched_with)
+        if chosen is not choice.entry:
+            choice = Choice(chosen, CHECKED, choice.unchecked)
+    else:
+        chosen, base_fc = choice.entry, searched_with
+        searched = masks[chosen["mask"]]
+        measured = check["results"][fc_name] if fc_name != config.forecast else searched
     prov = state.provenance
     prov.update({"s": chosen["s"], "degree": config.degree, "objective": config.objective, "chosen": choice.how,
                  "won": method_of(chosen), "iterations": len(hist), "evaluations": len(masks),
@@ -83,12 +94,14 @@ def build(state: SearchState, profile: Profile, config: SearchConfig, choice: Ch
         if vs is not None:
             metrics["loss_minus_instant"] = vs  # paired over seeds: < 0 means the search beat the instant policy
     prov["forecast"] = {"forecaster": fc_name,
-                        "chosen_by": "forecaster check" if fc_name != config.forecast else "search config"}
-    checked = forecaster_check.provenance(check, config.forecast, searched)
+                        "chosen_by": "forecaster check" if fc_name != base_fc else
+                        ("search config" if fc_name == searched_with else "search")}
+    checked = forecaster_check.provenance(check, base_fc, searched)
     if checked:
         prov["forecast"]["check"] = checked
-    policy = searched_policy(profile, [int(c) for c in chosen["mask"]], fc_name, "gcache", prov, metrics)
-    to_mask = lambda key: [int(c) for c in key]  # noqa: E731
-    return SearchResult(policy=policy, best_mask=to_mask(best["mask"]), best_loss=best["loss"],
-                        mu_mask=to_mask(fin["mask"]), mu_loss=fin["loss"], s_best=chosen["s"], s_mu=fin["s"],
+    if check.get("candidates") and len(check["candidates"]) > 1:
+        prov["forecast"]["candidates_checked"] = len(check["candidates"])
+    policy = searched_policy(profile, mask_of(chosen["mask"]), fc_name, "gcache", prov, metrics)
+    return SearchResult(policy=policy, best_mask=mask_of(best["mask"]), best_loss=best["loss"],
+                        mu_mask=mask_of(fin["mask"]), mu_loss=fin["loss"], s_best=chosen["s"], s_mu=fin["s"],
                         history=hist, state=state, evaluations=len(masks), unchecked=choice.unchecked)

@@ -1,15 +1,22 @@
 """The search's start masks, measured before the start grid: for each error model the profile gives (error_models.py),
 the theory-weight and local-weight instant DP masks of the search's forecaster (for a forecasting one, reuse_abs gives
-the reuse-optimal masks, applied with it); then the TeaCache-like mask; then the caller's extra masks (e.g. the reuse
-search's result).
+the reuse-optimal masks, applied with it); then, for a search with a profile-fitted forecaster whose evaluation can
+apply another forecaster, the same instant masks of every other profile-fitted forecaster the profile can fit, each
+applied with its own forecaster; then the TeaCache-like mask; then the caller's extra masks (e.g. the reuse search's
+result).
 
-Each is a history entry of kind "instant" named by its method (theory_dp_fitted, local_dp_fitted_rms, teacache, …).
-Two error models may pick the same mask: the second entry reuses the first one's loss (no sampling).
+Why the other forecasters' masks: which forecaster suits a mask depends on the mask, and a search that measures
+only its own forecaster's masks never meets another's best one, however good its instant policy (bench/quality.py
+has each forecaster's instant policy as a row beside the search). The search then goes on (grid, GP, polish) with the
+forecaster of the best start mask (loop.py).
+
+Each is a history entry of kind "instant" named by its method (theory_dp_fitted, local_dp_l2p_ls_rms, teacache, …),
+whose key is the mask applied with its forecaster (state.py key_of). Two error models may pick the same mask: the
+second entry reuses the first one's loss (no sampling).
 
 `start_methods` is the one list of them: name -> how it is made, (instant method, forecaster, error model) or None
 for the TeaCache-like mask. The search measures them in its order, and `start_count` counts the same list before a
-profile exists (budget.py), so a new source of start masks is a new entry there (e.g. another forecaster's instant
-masks: the same tuple with that forecaster).
+profile exists (budget.py), so a new source of start masks is a new entry there.
 """
 from __future__ import annotations
 
@@ -25,12 +32,15 @@ from .instant import instant_name, instant_policy
 Start = Optional[tuple[str, str, str]]  # (instant method, forecaster, error model), None: the TeaCache-like mask
 
 
-def start_methods(forecast: str, models: Sequence[str]) -> dict[str, Start]:
-    """name -> how it is made, in the order the search measures them."""
+def start_methods(forecast: str, models: Sequence[str],
+                  others: Sequence[tuple[str, Sequence[str]]] = ()) -> dict[str, Start]:
+    """name -> how it is made, in the order the search measures them: the search forecaster's instant masks over
+    `models`, then each (other forecaster, its models) of `others`, then the TeaCache-like mask."""
     out: dict[str, Start] = {}
-    for model in models:
-        for method in ("theory", "local"):
-            out[instant_name(method, forecast, model)] = (method, forecast, model)
+    for fc_name, fc_models in ((forecast, models), *others):
+        for model in fc_models:
+            for method in ("theory", "local"):
+                out[instant_name(method, fc_name, model)] = (method, fc_name, model)
     out["teacache"] = None
     return out
 
@@ -41,31 +51,66 @@ def _models(forecast: str, has_fit_stats: bool) -> list[str]:
             and (has_fit_stats or m not in error_models.NEEDS_FIT_STATS)]
 
 
-def start_count(forecast: str, has_fit_stats: bool, n_extra: int = 0) -> int:
+def profile_fitted(forecast: str) -> bool:
+    """Whether `forecast` fits its parameters to a profile and forecasts (fitted, l2p): a search with one searches
+    over all of them (the others: a rule the user chose, which the search keeps)."""
+    fc = forecasters.get(forecast)
+    return bool(fc.forecasts and fc.needs_profile)
+
+
+def other_forecasters(forecast: str, can_fit) -> list[str]:
+    """The other profile-fitted forecasters whose masks a search of `forecast` measures: none unless `forecast` is
+    profile-fitted; `can_fit(name)`: whether the profile has what that forecaster needs."""
+    own = forecasters.get(forecast).name
+    if not profile_fitted(own):
+        return []
+    return [n for n in forecasters.names() if n != own and profile_fitted(n) and can_fit(n)]
+
+
+def start_count(forecast: str, has_fit_stats: bool, n_extra: int = 0, others: bool = True) -> int:
     """How many start masks a search of `forecast` has on a profile with (or without) the forecast fit statistics
-    (the RMS error models need them and the Gram statistics recorded with them): for the budget check before any
-    profile exists."""
+    (the RMS error models need them and the Gram statistics recorded with them; a profile recorded with them has
+    every statistic a registered forecaster needs): for the budget check before any profile exists. `others`: the
+    search's evaluation can apply another forecaster (the other profile-fitted forecasters' masks are measured)."""
     forecast = forecasters.canonical(forecast)
-    return len(start_methods(forecast, _models(forecast, has_fit_stats))) + n_extra
+    more = [(n, _models(n, has_fit_stats)) for n in other_forecasters(forecast, lambda n: has_fit_stats)] \
+        if others else []
+    return len(start_methods(forecast, _models(forecast, has_fit_stats), more)) + n_extra
 
 
-def instant_masks(profile: Profile, k: int, forecast="reuse") -> list[tuple[str, list]]:
-    """(method name, mask) of the instant start masks, in the order the search measures them."""
+def _can_fit(profile: Profile):
+    def can_fit(name: str) -> bool:
+        try:
+            forecasters.get(name).fit(profile, [1] * profile.n_steps)  # what it needs from the profile, on any mask
+        except GCacheError:
+            return False
+        return True
+    return can_fit
+
+
+def instant_masks(profile: Profile, k: int, forecast="reuse", others: bool = True) -> list[tuple[str, list, str]]:
+    """(method name, mask, forecaster) of the instant start masks, in the order the search measures them. `others`:
+    with the other profile-fitted forecasters' masks (start_count)."""
     fc = forecasters.get(forecast)
 
     def mask(how: Start) -> list:
         return teacache_mask(profile.rel_h, k)[0] if how is None else \
             instant_policy(profile, k, how[0], forecast=how[1], error_model=how[2]).mask
-    models = [m for m in error_models.available(profile, fc)]
-    return [(name, mask(how)) for name, how in start_methods(fc.name, models).items()]
+    more = [(n, error_models.available(profile, forecasters.get(n)))
+            for n in other_forecasters(fc.name, _can_fit(profile))] if others else []
+    methods = start_methods(fc.name, error_models.available(profile, fc), more)
+    return [(name, mask(how), fc.name if how is None else how[1]) for name, how in methods.items()]
 
 
-def start_masks(profile: Profile, k: int, forecast="reuse",
-                extra_masks: Sequence[tuple[str, Sequence[int]]] = ()) -> list[tuple[str, list]]:
-    """The instant masks, then the caller's extra masks, each checked to be a K-mask over the profile's steps."""
+def start_masks(profile: Profile, k: int, forecast="reuse", extra_masks: Sequence[tuple[str, Sequence[int]]] = (),
+                others: bool = True) -> list[tuple[str, list, str]]:
+    """(name, mask, forecaster) of the instant masks, then the caller's extra masks (applied with `forecast`), each
+    checked to be a K-mask over the profile's steps."""
     n = profile.n_steps
-    masks = instant_masks(profile, k, forecast) + [(str(nm), [int(v) for v in m]) for nm, m in extra_masks]
-    for nm, m in masks:
+    own = forecasters.get(forecast).name
+    masks = instant_masks(profile, k, forecast, others) + [(str(nm), [int(v) for v in m], own)
+                                                           for nm, m in extra_masks]
+    for nm, m, _ in masks:
         if len(m) != n or sum(m) != k or m[0] != 1:
             raise GCacheError(f"The start mask {nm!r} is not a K = {k} mask over {n} steps with step 0 computed.")
     return masks

@@ -1,6 +1,13 @@
 """The search's state file: every evaluation so far, enough to resume after a crash or an interrupt.
 
-One JSON object, written atomically after every change (format "gcache.search_state", version 3):
+One JSON object, written atomically after every change (format "gcache.search_state", version 4; a file of
+version 3 is read and resumed as the search it was, and stays version 3):
+
+A measured candidate is a mask applied with a forecaster: its key is the mask ("1001…") when the forecaster is the
+search's own, else the mask and the forecaster's name ("1001…@l2p", `key_of`). A search with a profile-fitted
+forecaster measures the instant masks of every profile-fitted forecaster under that forecaster (starts.py), and its
+forecaster check measures its best masks under the others (forecaster_check.py), so a history entry's "mask" and the
+keys of "masks" are such keys (version 4).
 
     fingerprint  the search id: a hash of the config's identity (config.identity_of: less the budget and the polish
                  guard), the profile, the provenance and the names of the start masks (what the search proposes
@@ -15,7 +22,8 @@ One JSON object, written atomically after every change (format "gcache.search_st
     final, done  the argmin-μ mask measured at the end
     pending      proposals dispatched and not back yet; a resumed search dispatches them again
     forecasters  the forecaster check (forecaster_check.py): the mask it ran on and each forecaster's loss on it;
-                 absent until it ran
+                 absent until it ran (version 4: the check of the key the search returns; what the check measured is
+                 in "masks" under its keys)
 
 Code outside this module reads and writes the file's content only through SearchState's accessors.
 
@@ -40,10 +48,33 @@ from .config import SearchConfig, identity_of
 from .paired import SAVED_GUARDS
 
 STATE_FORMAT = "gcache.search_state"
-STATE_VERSION = 3  # 3: start masks of several error models, polish moves; 2: instant masks first; older: refused
+STATE_VERSION = 4  # 4: candidates are (mask, forecaster) keys; 3: start masks of several error models, polish moves
+READS = (3, 4)     # 3 is resumed as it was written (its own start masks, the check on its chosen mask); older: refused
 # What a history entry's "kind" is: the phase that proposed it (loop.py). Start masks keep their first name, "instant".
 START, GRID, GP, POLISH = KINDS = ("instant", "grid", "gp", "polish")
 FINAL = "final"  # the argmin-μ entry measured at the end (state.final), as best() and the progress reports name it
+
+
+def key_of(mask, forecast: Optional[str] = None) -> str:
+    """The key of a mask ("1001…", or a sequence of 0/1) applied with `forecast` (None: the search's own forecaster)."""
+    bits = mask if isinstance(mask, str) else "".join("1" if int(m) else "0" for m in mask)
+    return bits if forecast is None else f"{bits}@{forecast}"
+
+
+def split_key(key: str) -> tuple[str, Optional[str]]:
+    """(the mask as "1001…", the forecaster's name or None for the search's own) of a candidate key."""
+    bits, _, forecast = key.partition("@")
+    return bits, (forecast or None)
+
+
+def mask_of(key: str) -> list:
+    """The mask of a candidate key as a list of 0/1."""
+    return [int(c) for c in split_key(key)[0]]
+
+
+def forecaster_of(key: str, own: str) -> str:
+    """The forecaster a candidate key is applied with (`own`: the search's)."""
+    return split_key(key)[1] or own
 
 
 def profile_identity(profile: Profile) -> dict:
@@ -73,9 +104,10 @@ def load_state(path: str) -> dict:
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         raise GCacheError(f"{name} is not a GCache search state (no 'format': '{STATE_FORMAT}'). It was left "
                           "untouched: choose another state file name.")
-    if state.get("version") != STATE_VERSION:
+    if state.get("version") not in READS:
         raise GCacheError(f"{name} has search-state version {state.get('version')!r}; this GCache reads "
-                          f"{STATE_VERSION}. Delete it to search again, or use the GCache version that wrote it.")
+                          f"{' and '.join(map(str, READS))}. Delete it to search again, or use the GCache version "
+                          "that wrote it.")
     try:
         _check(state)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -91,8 +123,13 @@ def _check(state: dict) -> None:
     def number(v) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
-    def mask_ok(m) -> bool:
-        return isinstance(m, str) and len(m) == n and not set(m) - {"0", "1"} and m[0] == "1"
+    def mask_ok(m) -> bool:  # a candidate key: the mask, and from version 4 "@" and a forecaster's name
+        if not isinstance(m, str):
+            return False
+        bits, fc = split_key(m)
+        if fc is not None and (state["version"] < 4 or not fc.replace("_", "").isalnum()):
+            return False
+        return len(bits) == n and not set(bits) - {"0", "1"} and bits[0] == "1"
 
     def s_ok(e: dict) -> bool:  # start masks and polish moves have no s; GP proposals one of the search's dimension
         if e.get("kind") == START:
@@ -247,11 +284,17 @@ class SearchState:
 
     @classmethod
     def open(cls, path: Optional[str], config: SearchConfig, profile: Profile, provenance: dict,
-             starts: list) -> "SearchState":
+             starts: list, own_starts: Optional[list] = None) -> "SearchState":
         """The state in `path` when it belongs to this search (a larger budget continues it), else a new one.
-        `starts`: the names of the start masks. A state file of another search is refused and left untouched."""
+        `starts`: the names of the start masks; `own_starts`: those of the search's own forecaster only (what a
+        search of version 3 had: such a file is resumed with them, `starts_names` says which). A state file of
+        another search is refused and left untouched."""
         prof_id = profile_identity(profile)
         sid = search_id(config, prof_id, provenance, starts)
+        if path and os.path.exists(path) and own_starts is not None and own_starts != starts:
+            data = load_state(path)
+            if data["version"] == 3 and data["fingerprint"] == search_id(config, prof_id, provenance, own_starts):
+                sid = data["fingerprint"]  # a search made before version 4: resumed with its own start masks
         if not (path and os.path.exists(path)):
             return cls({"format": STATE_FORMAT, "version": STATE_VERSION, "fingerprint": sid, "config": asdict(config),
                         "profile": prof_id, "provenance": provenance, "starts": list(starts), "history": [],
@@ -329,6 +372,16 @@ class SearchState:
     @property
     def done(self) -> bool:
         return self._data["done"]
+
+    @property
+    def version(self) -> int:
+        """The file's format version: 3 for a search made before candidates had a forecaster (resumed as it was)."""
+        return int(self._data["version"])
+
+    @property
+    def starts_names(self) -> list:
+        """The names of the start masks this search measures."""
+        return list(self._data["starts"])
 
     @property
     def theta(self) -> Optional[list]:

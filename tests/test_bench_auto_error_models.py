@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from gcache.bench import auto_error_models
 from gcache.core import forecasters
 from gcache.reference_model.harness import ReferenceHarness
@@ -27,6 +29,14 @@ def test_auto_error_models_bench_runs(capsys):
             f, m = name.split("/")
             assert error_models.applies(m, forecasters.get(f)) and math.isfinite(c["psnr"])
         assert ("ls_rms" in row["model_minus_own_dp_db"]) == (forecasters.get(fc).keeps >= 2)
+        # the bound's pick between auto's policy and each candidate's own DP policy, recomputed from the candidates
+        own = [row["auto"]] + [n for n in row["candidates"] if n.endswith("/mean_abs")]
+        low = min(row["candidates"][n]["bound"] for n in own)
+        assert row["candidates"][row["own_masks_by_bound"]]["bound"] == low and row["own_masks_by_bound"] in own
+        assert row["own_masks_by_bound_minus_auto_db"] == pytest.approx(
+            row["candidates"][row["own_masks_by_bound"]]["psnr"] - row["auto_psnr"], abs=0.011)
+    s = out["own_masks_by_bound_minus_auto"]
+    assert out["own_masks_by_bound_keep"] == (s["median"] > 0 and s["min"] >= -1.0)
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("{")
 
 

@@ -11,16 +11,16 @@ def test_choice_regret_bench_runs_and_resumes(tiny_model, tmp_path, capsys):
     from gcache.bench.search_setup import FittedSetup
     from gcache.search.state import SearchState
     factory = lambda n: ReferenceHarness(n, model=tiny_model)  # noqa: E731
-    args = ["--steps", "10", "--ks", "4", "--budgets", "27", "--gp-seeds", "0-1", "--search-seeds", "100-101",
+    args = ["--steps", "10", "--ks", "4", "--budgets", "32", "--gp-seeds", "0-1", "--search-seeds", "100-101",
             "--eval-seeds", "0-1", "--out", str(tmp_path / "runs"), "--results", str(tmp_path / "r.json")]
     assert choice_regret.main(args, harness_factory=factory) == 0
     out = json.loads((tmp_path / "r.json").read_text())
     assert out["command"].startswith("python -m gcache.bench.choice_regret --steps 10") and out["date"]
-    assert [(r["K"], r["budget"], r["gp_seed"]) for r in out["rows"]] == [(4, 27, 0), (4, 27, 1)]
+    assert [(r["K"], r["budget"], r["gp_seed"]) for r in out["rows"]] == [(4, 32, 0), (4, 32, 1)]
     setup = FittedSetup(type("A", (), {"steps": 10, "threads": 1, "search_seeds": "100-101", "eval_seeds": "0-1",
                                        "gp_seeds": "0-1"})(), factory)
     for r in out["rows"]:
-        state = SearchState.peek(str(tmp_path / "runs" / "s100" / f"state_B27_K4_g{r['gp_seed']}.json"))
+        state = SearchState.peek(str(tmp_path / "runs" / "s100" / f"state_B32_K4_g{r['gp_seed']}.json"))
         lowest = state.best(with_final=True)["mask"]
         assert r["psnr"]["best_measured"] == setup.held_out(lowest)  # measured again, not read back
         assert r["psnr"]["start_only"] == setup.held_out(state.best(kinds=("instant",))["mask"])

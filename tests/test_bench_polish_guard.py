@@ -7,7 +7,7 @@ from gcache.reference_model.harness import ReferenceHarness
 
 def test_polish_guard_bench_runs(tiny_model, capsys):
     from gcache.bench.polish_guard import main
-    out = main(["--steps", "10", "--ks", "4", "--budget", "30", "--gp-seeds", "0-1", "--search-seeds", "100-103",
+    out = main(["--steps", "10", "--ks", "4", "--budget", "32", "--gp-seeds", "0-1", "--search-seeds", "100-103",
                 "--eval-seeds", "0-1"], harness_factory=lambda n: ReferenceHarness(n, model=tiny_model))
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == json.loads(json.dumps(out))
     assert [(r["K"], r["gp_seed"]) for r in out["runs"]] == [(4, 0), (4, 1)]

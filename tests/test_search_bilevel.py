@@ -185,7 +185,7 @@ def test_a_state_file_of_the_previous_version_is_refused_with_what_to_do(tmp_pat
         json.dump(state, f)
     with open(path, "rb") as f:
         before = f.read()
-    with pytest.raises(GCacheError, match="version 2; this GCache reads 3. Delete it to search again"):
+    with pytest.raises(GCacheError, match="version 2; this GCache reads 3 and 4. Delete it to search again"):
         run_search(prof, SearchConfig(**CFG), Evaluator(prof), state_path=path)
     assert _unchanged(path, before)
 
@@ -275,7 +275,7 @@ def test_hand_edited_state_is_refused_and_kept(tmp_path, edit):
 def test_instant_masks_come_first_and_the_search_never_returns_worse(caplog):
     from gcache.search.starts import instant_masks
     prof = make_profile()
-    first = dict(instant_masks(prof, CFG["k"]))
+    first = {nm: m for nm, m, _ in instant_masks(prof, CFG["k"])}
     theory = mask_key(first["theory_dp"])
 
     def evaluate(mask):  # the theory mask is unbeatable; everything else is worse, per seed
@@ -300,7 +300,7 @@ def test_a_better_searched_mask_wins_with_its_paired_difference():
     prof = make_profile()
     ev = Evaluator(prof)
     res = run_search(prof, SearchConfig(**CFG), lambda mask: [ev(mask), ev(mask) * 1.1])
-    theory = dict(instant_masks(prof, CFG["k"]))["theory_dp"]
+    theory = {nm: m for nm, m, _ in instant_masks(prof, CFG["k"])}["theory_dp"]
     gain = ev(res.policy.mask) - ev(theory)  # recomputed from the hidden loss, not read from the search
     assert gain < 0 and res.policy.provenance["won"] in ("gcache start grid", "gcache GP-LCB", "gcache argmin mu")
     assert res.policy.metrics["loss_minus_instant"] == {"mean": pytest.approx(1.05 * gain),
@@ -349,7 +349,7 @@ def test_an_unchecked_searched_winner_is_logged(caplog, per_seed, says):
 def test_an_instant_winner_is_not_called_unchecked(caplog):
     from gcache.search.starts import instant_masks
     prof = make_profile()
-    theory = mask_key(dict(instant_masks(prof, CFG["k"]))["theory_dp"])
+    theory = mask_key({nm: m for nm, m, _ in instant_masks(prof, CFG["k"])}["theory_dp"])
     with caplog.at_level("INFO", logger="gcache"):
         res = run_search(prof, SearchConfig(**CFG), lambda mask: 0.001 if mask_key(mask) == theory else 0.5)
     assert res.policy.provenance["won"] == "theory_dp"
@@ -380,7 +380,7 @@ def test_a_searched_mask_with_a_lower_loss_wins_and_a_noise_margin_is_a_rule_opt
     from gcache.search.choice import choose
     from gcache.search.starts import instant_masks
     prof = make_profile()
-    inst = {mask_key(m) for _, m in instant_masks(prof, CFG["k"])}
+    inst = {mask_key(m) for _, m, _ in instant_masks(prof, CFG["k"])}
 
     def evaluate(mask):  # searched masks are 0.005 better on average, with (or without) a large seed spread
         if mask_key(mask) in inst:

@@ -30,20 +30,23 @@ def test_search_command_writes_policy_state_and_png(tmp_path, tiny_model, capsys
 def test_a_fitted_search_command_checks_the_other_forecaster_and_measures_its_policy(tmp_path, tiny_model, capsys):
     from gcache.reference_model.search import main
     h = ReferenceHarness(8, model=tiny_model)
-    args = ["--steps", "8", "--k", "3", "--budget", "22", "--degree", "2", "--objective", "ssim", "--forecast",
+    args = ["--steps", "8", "--k", "3", "--budget", "24", "--degree", "2", "--objective", "ssim", "--forecast",
             "fitted", "--search-seeds", "100-101", "--eval-seeds", "0-1", "--out", str(tmp_path)]
     assert main(args, harness=h) == 0
     pol = Policy.load(str(tmp_path / "policy_N8_K3.json"))
     state = json.loads((tmp_path / "search_state_N8_K3.json").read_text())
-    assert state["config"]["forecast"] == "fitted" and set(state["forecasters"]["results"]) == {"l2p"}  # the check ran
-    assert pol.forecast in ("fitted", "l2p") and pol.provenance["forecast"]["check"]["searched_with"] == "fitted"
+    checked = state["forecasters"]["mask"]  # the check ran: the candidate it chose, under the other forecaster
+    base = checked.partition("@")[2] or "fitted"
+    assert state["config"]["forecast"] == "fitted" and set(state["forecasters"]["results"]) == {"fitted", "l2p"} - {base}
+    assert any(h["mask"].endswith("@l2p") for h in state["history"])  # l2p's start masks were measured
+    assert pol.forecast in ("fitted", "l2p") and pol.provenance["forecast"]["check"]["searched_with"] == base
     assert pol.metrics["eval_psnr"] == h.held_out(pol, [0, 1])["eval_psnr"]  # under the policy's own forecaster
     assert f"forecaster {pol.forecast}" in capsys.readouterr().out
 
 
 def test_quality_bench_runs(tiny_model, capsys):
     from gcache.bench.quality import METHODS, main
-    out = main(["--steps", "6", "--budget", "16", "--degree", "2", "--search-seeds", "100-101", "--eval-seeds", "0-1",
+    out = main(["--steps", "6", "--budget", "24", "--degree", "2", "--search-seeds", "100-101", "--eval-seeds", "0-1",
                 "--objective", "psnr", "--gp-seeds", "0-1"], harness_factory=lambda n: ReferenceHarness(n, model=tiny_model))
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert json.loads(last) == json.loads(json.dumps(out))
@@ -51,9 +54,16 @@ def test_quality_bench_runs(tiny_model, capsys):
     for key in ("gcache_minus_best_baseline_psnr_at_half", "evaluations", "gp_seconds_per_iter_at_end"):
         assert key in out
     assert set(out["search_minus_best_other_psnr"]) == set(out["polish_gain_db"]) == {"2", "3", "4"}
-    assert {r["method"] for r in out["rows"] if r["method"].startswith(("spectrum_", "l2p_"))} == \
+    assert {r["method"] for r in out["rows"] if r["method"].startswith(("spectrum_", "l2p_"))
+            and not r["method"].endswith("_auto_mask")} == \
         {f"{r}_{m}" for r in ("spectrum", "spectrum_mix", "l2p", "l2p_all") for m in ("uniform", "gcache_mask")}
     at = {(r["K"], r["method"]): r["psnr"] for r in out["rows"]}
+    for k, fc in out["auto_forecaster"].items():  # auto's forecaster on auto's mask is auto's instant policy
+        assert at[(int(k), f"{fc}_auto_mask")] == at[(int(k), "instant_auto")]
+        assert {"instant_l2p", "l2p_auto_mask", "reuse_auto_mask"} <= {m for (kk, m) in at if kk == int(k)}
+        cost = out["forecast_search_cost"][k]
+        assert cost["start_masks"] >= cost["other_forecaster_starts"] >= 0 and cost["check_evaluations"] >= 0
+    assert all(v["with_other_forecasters"] >= v["own_start_masks_only"] for v in out["budget_floor"].values())
     for k in ("2", "3", "4"):  # the forecast keys are the differences of the rows they name
         fit = at[(int(k), "instant_fitted")] - at[(int(k), "instant_linear")]
         inst = at[(int(k), "instant_auto")] - at[(int(k), "instant_1batch")]

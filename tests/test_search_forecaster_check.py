@@ -68,26 +68,70 @@ def test_candidates_are_the_other_profile_fitted_forecasters(prof):
 
 
 # ------------------------------------------------------------------------------------------------ in the search
-def test_a_better_forecaster_on_the_chosen_mask_becomes_the_policys(prof, tmp_path):
+def test_a_forecaster_better_on_every_mask_wins_the_start_masks_and_the_search(prof, tmp_path):
+    """l2p halves every loss: its start masks win, the search goes on under l2p, and the check measures the best
+    masks under fitted (the search's own), which stays behind."""
     path = str(tmp_path / "s.json")
     ev = Evaluator({"l2p": 0.5})
     res = run_search(prof, SearchConfig(**CFG), ev, state_path=path, provenance={"seeds": [1, 2]})
     pol = res.policy
-    key = mask_key(pol.mask)
-    assert [c for c in ev.calls if c[1] is not None] == [(key, "l2p")]  # one evaluation, on the chosen mask
+    key = mask_key(pol.mask) + "@l2p"
     assert pol.forecast == "l2p" and pol.forecast_params == Policy.for_mask(prof, pol.mask, "l2p").forecast_params
-    own = res.state.masks[key]["loss"]
-    assert pol.metrics["loss"] == pytest.approx(own * 0.5)
+    assert pol.metrics["loss"] == res.state.masks[key]["loss"]
+    fitted = res.state.masks[mask_key(pol.mask)]  # the chosen mask under fitted, measured by the check
+    assert fitted["loss"] == pytest.approx(2 * pol.metrics["loss"])
     check = pol.provenance["forecast"]
-    assert check["chosen_by"] == "forecaster check" and check["check"]["searched_with"] == "fitted"
-    assert check["check"]["l2p"]["minus_searched"]["mean"] == pytest.approx(-own * 0.5)
-    on_disk = load_state(path)["forecasters"]
-    assert on_disk["mask"] == key and on_disk["results"]["l2p"]["per_seed"] == pytest.approx(
-        [v * 0.5 for v in res.state.masks[key]["per_seed"]])
+    assert check["chosen_by"] == "search" and check["check"]["searched_with"] == "l2p"
+    assert check["check"]["fitted"]["minus_searched"]["mean"] == pytest.approx(fitted["loss"] - pol.metrics["loss"])
+    on_disk = load_state(path)
+    assert on_disk["version"] == 4 and on_disk["forecasters"]["mask"] == key
+    assert on_disk["forecasters"]["results"]["fitted"]["per_seed"] == pytest.approx(fitted["per_seed"])
     # a search run again on its finished state measures nothing and gives the same policy
     again = Evaluator({"l2p": 0.5})
     res2 = run_search(prof, SearchConfig(**CFG), again, state_path=path, provenance={"seeds": [1, 2]})
     assert again.calls == [] and res2.policy.to_dict() == pol.to_dict()
+
+
+def _state(masks: dict, history: list):
+    """An in-memory version-4 search state holding `masks` (key -> per-seed losses) and `history` (kind, key)."""
+    from gcache.search.state import SearchState
+    data = {"format": "gcache.search_state", "version": 4, "fingerprint": "t", "config": {"seed": 0},
+            "profile": {}, "provenance": {}, "starts": [], "history": [], "masks": {}, "gp": {"theta": None},
+            "polish": {"incumbent": None, "roots": [], "guard": None}, "final": None, "done": True, "pending": []}
+    st = SearchState(data, None)
+    for key, per_seed in masks.items():
+        st.measure(key, per_seed, 0.0, first=0)
+    for kind, key in history:
+        st.record({"kind": kind, "s": None if kind == "instant" else [0.0], "mask": key,
+                   **({"method": "m"} if kind == "instant" else {})}, 0.0, False)
+    return st
+
+
+def test_the_check_on_every_candidate_by_hand(prof):
+    """Three masks the choice accepts; A (chosen, fitted) and B within the seeds' noise of it, C clearly worse.
+    l2p is worse on A and better on both halves of the seeds on B, better still than A under fitted: B under l2p
+    wins. C is not a candidate; nothing measured is measured again."""
+    from gcache.search.choice import ranking
+    a, b, c, start = "1111100000", "1110110000", "1101110000", "1011110000"
+    st = _state({a: [1.0, 1.2, 0.9, 1.1], b: [1.05, 1.1, 1.0, 1.1], c: [2.0, 2.1, 2.0, 2.1],
+                 start: [3.0, 3.0, 3.0, 3.0]}, [("instant", start), ("gp", c), ("gp", b), ("gp", a)])
+    ranked = ranking(st)
+    assert [r.entry["mask"] for r in ranked] == [a, b, c, start]
+    keys = forecaster_check.could_return(st, ranked)
+    assert keys == [a, b]  # A beats C by far more than 2 standard errors; B is within them
+    l2p = {a: [1.5, 1.5, 1.5, 1.5], b: [0.8, 0.8, 0.7, 0.8]}
+    calls = []
+
+    def measure(mask, name):
+        key = "".join(map(str, mask))
+        calls.append((key, name))
+        return l2p[key]
+    check = forecaster_check.run_on_candidates(st, prof, "fitted", keys, measure)
+    assert calls == [(a, "l2p"), (b, "l2p")]
+    assert check["key"] == b + "@l2p" and check["mask"] == b and check["forecaster"] == "l2p"
+    assert st.masks[b + "@l2p"]["loss"] == pytest.approx(0.775) and st.checked["mask"] == b
+    assert forecaster_check.run_on_candidates(st, prof, "fitted", keys, measure)["key"] == b + "@l2p"
+    assert len(calls) == 2  # kept in the state
 
 
 def test_a_worse_forecaster_leaves_the_policy_as_searched(prof):
@@ -97,6 +141,7 @@ def test_a_worse_forecaster_leaves_the_policy_as_searched(prof):
     assert pol.forecast == "fitted" and pol.provenance["forecast"]["chosen_by"] == "search config"
     assert pol.metrics["loss"] == res.state.masks[mask_key(pol.mask)]["loss"]
     assert pol.provenance["forecast"]["check"]["l2p"]["loss"] == pytest.approx(2 * pol.metrics["loss"])
+    assert pol.metrics["loss"] == min(m["loss"] for m in res.state.masks.values())  # l2p's start masks lost
 
 
 def test_an_evaluation_that_cant_change_forecaster_says_so(prof, caplog):

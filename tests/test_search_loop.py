@@ -14,6 +14,8 @@ from gcache.search.dp import mask_cost
 from gcache.search.executor import InProcessExecutor
 from gcache.search.gp import KAPPA_START, start_grid
 from gcache.search.infra.parallel import ThreadExecutor
+from gcache.search import forecaster_check
+from gcache.search.choice import ranking
 from gcache.search.loop import SearchLoop, mask_key
 from gcache.search.starts import instant_masks
 from test_forecaster_l2p import profile_of, trajectories
@@ -87,8 +89,9 @@ def test_the_budget_goes_to_the_phases_in_order(prof):
 def test_start_j_is_the_jth_instant_mask(prof):
     lp = new_loop(prof)
     expected = instant_masks(prof, CFG["k"])  # made by the instant DP, not by the loop
-    for j, (name, mask) in enumerate(expected):
+    for j, (name, mask, fc) in enumerate(expected):
         p = lp.start(j)
+        assert fc == "reuse"  # a reuse search: its own masks only
         assert p == {"kind": "instant", "s": None, "mask": mask_key(mask), "method": name, "bound": None}
 
 
@@ -177,16 +180,28 @@ def finished_loop(prof, executor, **kw):
     return lp
 
 
-def test_check_measures_the_chosen_mask_under_l2p_through_a_declared_executor(fitted_prof):
+def test_l2p_wins_the_start_masks_and_the_search_goes_on_with_it(fitted_prof):
+    """l2p halves every loss: its start masks (applied with l2p) are the best, so the grid, the GP and the polish
+    apply l2p too, and the check measures the candidates under fitted (the search's own), which stays behind."""
     ev = Declared(factor=0.5)
     lp = finished_loop(fitted_prof, InProcessExecutor(ev))
+    n_own = len([s for s in lp.starts if s[2] == "fitted"]) - 1  # the TeaCache-like mask is the last
+    assert [s[2] for s in lp.starts] == ["fitted"] * n_own + ["l2p"] * (len(lp.starts) - n_own - 1) + ["fitted"]
+    later = [h for h in lp.state.history if h["kind"] != "instant"]
+    assert later and all(h["mask"].endswith("@l2p") for h in later)  # grid, GP, polish: under l2p
+    assert all(f == "l2p" for k, f in ev.calls[len(lp.starts):])
     ev.calls.clear()
     choice = lp.choose()
+    assert choice.entry["mask"].endswith("@l2p")
     check = lp.check(choice)
-    assert ev.calls == [(choice.entry["mask"], "l2p")]
-    assert check["forecaster"] == "l2p" and check["skipped"] is None  # half the loss on both seeds
+    bits = [k.split("@")[0] for k in check["candidates"]]
+    assert check["candidates"][0] == choice.entry["mask"] and all(k.endswith("@l2p") for k in check["candidates"])
+    assert ev.calls == [(b, None) for b in bits if b not in lp.state.masks or True][:len(ev.calls)]
+    assert {b for b, _ in ev.calls} <= set(bits) and all(b in lp.state.masks for b in bits)  # fitted variants
+    assert check["forecaster"] == "l2p" and check["key"] == choice.entry["mask"] and check["skipped"] is None
     assert lp.state.checked["mask"] == choice.entry["mask"]
-    assert lp.check(choice)["forecaster"] == "l2p" and len(ev.calls) == 1  # kept in the state: not measured again
+    n = len(ev.calls)
+    assert lp.check(choice)["key"] == check["key"] and len(ev.calls) == n  # kept in the state: not measured again
 
 
 def test_an_evaluate_that_declares_nothing_gets_no_check_even_with_a_forecast_argument(fitted_prof, caplog):
@@ -217,8 +232,14 @@ def test_a_search_chooses_once_and_checks_and_returns_that_choice(fitted_prof, m
         return chosen[-1]
     monkeypatch.setattr(loop_module, "choose", counted)
     ev = Declared(factor=2.0)  # l2p is worse: the policy keeps the searched forecaster
-    res = SearchLoop(fitted_prof, SearchConfig(**FITTED), InProcessExecutor(ev)).run()
+    lp = SearchLoop(fitted_prof, SearchConfig(**FITTED), InProcessExecutor(ev))
+    res = lp.run()
     assert len(chosen) == 1
-    assert res.policy.mask == [int(c) for c in chosen[0].entry["mask"]]
+    assert res.policy.mask == [int(c) for c in chosen[0].entry["mask"]] and res.policy.forecast == "fitted"
     assert res.policy.provenance["chosen"] == chosen[0].how
-    assert [c for c in ev.calls if c[1] is not None] == [(chosen[0].entry["mask"], "l2p")]
+    # the check: every candidate the choice could return, under l2p (measured then, or as an l2p start mask)
+    keys = forecaster_check.could_return(lp.state, ranking(lp.state))
+    assert keys[0] == chosen[0].entry["mask"] and 1 <= len(keys) <= forecaster_check.CHECK_MOST
+    assert all(k + "@l2p" in lp.state.masks for k in keys)
+    l2p_calls = [c for c in ev.calls if c[1] == "l2p"]
+    assert len(l2p_calls) == len(set(l2p_calls)) == sum(k.endswith("@l2p") for k in lp.state.masks)  # each once

@@ -482,17 +482,25 @@ def test_mean_abs_error_model_masks_are_the_forecasters_own_dp_optima():
 
 def test_start_masks_name_every_error_model_and_the_count_is_known_before_the_profile():
     prof, _, _ = _recorded_profile(seed=3)
-    names = [nm for nm, _ in start_masks(prof, 3, "fitted")]
-    assert names == ["theory_dp_fitted", "local_dp_fitted", "theory_dp_fitted_rms", "local_dp_fitted_rms",
-                     "theory_dp_fitted_ls_rms", "local_dp_fitted_ls_rms", "theory_dp_fitted_reuse_abs",
-                     "local_dp_fitted_reuse_abs", "teacache"]
-    assert start_count("fitted", True) == 9 and start_count("reuse", True) == 5 and start_count("reuse", False) == 3
-    assert start_count("fitted", False) == 5  # mean_abs and reuse_abs come from E (and E1), in every profile
+    starts = start_masks(prof, 3, "fitted")
+    own = ["theory_dp_fitted", "local_dp_fitted", "theory_dp_fitted_rms", "local_dp_fitted_rms",
+           "theory_dp_fitted_ls_rms", "local_dp_fitted_ls_rms", "theory_dp_fitted_reuse_abs",
+           "local_dp_fitted_reuse_abs"]
+    # then l2p's, applied with l2p (no "rms": l2p has no two-step form), then the TeaCache-like mask
+    l2p = ["theory_dp_l2p", "local_dp_l2p", "theory_dp_l2p_ls_rms", "local_dp_l2p_ls_rms",
+           "theory_dp_l2p_reuse_abs", "local_dp_l2p_reuse_abs"]
+    assert [(nm, fc) for nm, _, fc in starts] == [(nm, "fitted") for nm in own] + [(nm, "l2p") for nm in l2p] + \
+        [("teacache", "fitted")]
+    assert [nm for nm, _, _ in start_masks(prof, 3, "fitted", others=False)] == own + ["teacache"]
+    assert start_count("fitted", True) == 8 + 6 + 1 and start_count("fitted", True, others=False) == 9
+    assert start_count("reuse", True) == 5 and start_count("reuse", False) == 3
+    assert start_count("fitted", False) == 5  # mean_abs and reuse_abs come from E (and E1); l2p can't fit
     # reuse_abs's theory mask is the reuse policy's, applied with the forecaster
-    assert dict(start_masks(prof, 3, "fitted"))["theory_dp_fitted_reuse_abs"] == instant_policy(prof, 3).mask
-    assert [nm for nm, _ in start_masks(prof, 3, "reuse")] == ["theory_dp", "local_dp", "theory_dp_rms",
-                                                               "local_dp_rms", "teacache"]  # ls_rms: 2+ residuals
-    assert [nm for nm, _ in start_masks(make_profile(), 3)] == ["theory_dp", "local_dp", "teacache"]  # no fit stats
+    assert {nm: m for nm, m, _ in starts}["theory_dp_fitted_reuse_abs"] == instant_policy(prof, 3).mask
+    assert {nm: m for nm, m, _ in starts}["theory_dp_l2p"] == instant_policy(prof, 3, forecast="l2p").mask
+    assert [nm for nm, _, _ in start_masks(prof, 3, "reuse")] == ["theory_dp", "local_dp", "theory_dp_rms",
+                                                                  "local_dp_rms", "teacache"]  # ls_rms: 2+ residuals
+    assert [nm for nm, _, _ in start_masks(make_profile(), 3)] == ["theory_dp", "local_dp", "teacache"]
 
 
 def test_the_start_count_before_the_profile_is_the_count_the_profile_gives_for_every_forecaster():
@@ -504,4 +512,5 @@ def test_the_start_count_before_the_profile_is_the_count_the_profile_gives_for_e
     assert len(shipped) >= 5
     for name in shipped:
         assert start_count(name, True) == len(start_masks(prof, 3, name)), name
+        assert start_count(name, True, others=False) == len(start_masks(prof, 3, name, others=False)), name
     assert start_count("reuse", False) == len(start_masks(plain, 3, "reuse"))

@@ -2,6 +2,7 @@
 load, a finished one gives its policy again without sampling, a crashed one resumes to the same end, and a search
 run now writes the same file."""
 import json
+import math
 import shutil
 
 import pytest
@@ -15,6 +16,23 @@ from gcache.search.state import load_state
 import search_fixture as fx
 
 TIMINGS = ("seconds", "gp_seconds")  # wall-clock figures: they differ from run to run
+
+
+def assert_same(new, old, where="state"):
+    """Equal, floats to a relative 1e-6 (the GP's s comes from an optimizer whose last digits depend on the CPU's
+    vector instructions)."""
+    if isinstance(old, dict):
+        assert isinstance(new, dict) and list(new) == list(old), where
+        for k in old:
+            assert_same(new[k], old[k], f"{where}.{k}")
+    elif isinstance(old, list):
+        assert isinstance(new, list) and len(new) == len(old), where
+        for i, (a, b) in enumerate(zip(new, old)):
+            assert_same(a, b, f"{where}[{i}]")
+    elif isinstance(old, float) and not isinstance(new, bool):
+        assert math.isclose(new, old, rel_tol=1e-6, abs_tol=1e-12), f"{where}: {new} != {old}"
+    else:
+        assert new == old, f"{where}: {new!r} != {old!r}"
 
 
 def without_timings(value):
@@ -72,15 +90,28 @@ def test_a_crashed_old_search_resumes_to_the_same_end(profile, old_policy, tmp_p
     assert not {key for key, fc in ev.calls if fc is None} & set(crashed["masks"])  # none measured before again
     same_policy(res.policy, old_policy)
     done = without_timings(load_state(fx.DONE))
-    assert without_timings(json.loads(path.read_text())) == done
+    assert_same(without_timings(json.loads(path.read_text())), done)
 
 
-def test_a_search_run_now_writes_the_file_the_old_search_wrote(profile, tmp_path):
+def test_a_search_run_now_measures_the_old_start_masks_and_every_other_fitted_forecasters(profile, tmp_path):
+    """Version 4: the old search's start masks with the same losses, then l2p's instant masks applied with l2p (the
+    masks instant_policy gives, each measured with forecast="l2p"), then the TeaCache-like mask."""
+    from gcache.search.instant import instant_policy
     path = tmp_path / "new.search.json"
-    search(profile, path, fx.Evaluator())
-    with open(fx.DONE, encoding="utf-8") as f:
-        old_text = f.read()
-    # the same keys in the same order, the same values (timings aside), written the same way (indent 1)
-    assert json.dumps(without_timings(json.loads(path.read_text())), indent=1) == \
-        json.dumps(without_timings(json.loads(old_text)), indent=1)
-    assert path.read_text().count("\n") == old_text.count("\n")
+    ev = fx.Evaluator()
+    search(profile, path, ev)
+    new, old = json.loads(path.read_text()), load_state(fx.DONE)
+    assert new["version"] == 4 and old["version"] == 3
+    own = [h for h in old["history"] if h["kind"] == "instant" and h["method"] != "teacache"]
+    l2p = [h for h in new["history"] if h["kind"] == "instant" and "_l2p" in h["method"]]
+    assert [without_timings(h) for h in new["history"][:len(own)]] == [without_timings(h) for h in own]
+    assert new["history"][len(own):len(own) + len(l2p)] == l2p and l2p
+    assert new["starts"] == old["starts"][:-1] + [h["method"] for h in l2p] + ["teacache"]
+    k = fx.CONFIG["k"]
+    for h in l2p:
+        method, _, model = h["method"].partition("_dp_l2p")
+        mask = instant_policy(profile, k, method, forecast="l2p", error_model=model.lstrip("_") or "mean_abs").mask
+        assert h["mask"] == "".join(map(str, mask)) + "@l2p"
+        assert h["reused"] or ("".join(map(str, mask)), "l2p") in ev.calls
+    teacache = next(h for h in new["history"] if h["method" if "method" in h else "kind"] == "teacache")
+    assert teacache["mask"] == next(h for h in old["history"] if h.get("method") == "teacache")["mask"]

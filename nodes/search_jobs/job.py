@@ -27,7 +27,7 @@ from ...search.infra.objectives import make_objective
 from ...search.loop import SearchInterrupted, SearchResult, run_search
 from ...search.result import predicted_speedup_text, searched_policy
 from ...search.starts import start_count
-from ...search.state import SearchState, check_state
+from ...search.state import SearchState, check_state, forecaster_of, mask_of
 from .. import artifacts
 from ..artifacts import FOLDER_FIX, cant_write
 from ..modes.apply import apply_config
@@ -238,7 +238,8 @@ class SearchJob:
             pol.provenance["search"] = "no evaluation yet: the instant policy"
             return pol
         chosen = choose(state)
-        return searched_policy(profile, [int(c) for c in chosen.entry["mask"]], fc.name, "gcache (in progress)",
+        return searched_policy(profile, mask_of(chosen.entry["mask"]), forecaster_of(chosen.entry["mask"], fc.name),
+                               "gcache (in progress)",
                                {"search": f"{chosen.how} of {len(state.history)} of {self.config.budget} evaluations "
                                           "so far"},
                                {"loss": chosen.entry["loss"], "objective": self.config.objective})

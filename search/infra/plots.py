@@ -15,7 +15,7 @@ from PIL import Image, ImageDraw
 
 from ...core.weights import bernstein_w
 from ..choice import choose
-from ..state import SearchState
+from ..state import SearchState, mask_of
 
 W, PANEL_H, PAD = 720, 220, 48
 BG, FG, GRID = (255, 255, 255), (30, 30, 30), (225, 225, 225)
@@ -122,7 +122,7 @@ def plot_search(result_or_state, times: Optional[Sequence[float]] = None) -> Ima
         q.line(t, w, COLORS["a"])
         for tj in times or []:
             q.dot(float(tj), float(bernstein_w([tj], chosen)[0]), COLORS["a"], r=2)
-    mask = policy.mask if policy is not None else ([int(c) for c in winner["mask"]] if winner else [])
+    mask = policy.mask if policy is not None else (mask_of(winner["mask"]) if winner else [])
     won = policy.provenance.get("won") if policy is not None else None
     if mask:
         _mask_row(d, 2 * PANEL_H + 10, mask, f"chosen mask{f' (won by {won})' if won else ''}: {sum(mask)} of "

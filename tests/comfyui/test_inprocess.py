@@ -175,27 +175,28 @@ def test_k_equal_to_steps_is_refused_before_any_sampling(built, gcache_dir, monk
     assert not (gcache_dir / "keq8.search.json").exists()
 
 
-def test_a_fitted_search_checks_l2p_on_its_mask_in_comfyui(built, gcache_dir, caplog):
+def test_a_fitted_search_measures_l2p_too_in_comfyui(built, gcache_dir, caplog):
     """GCache Search with the profile-fitted forecaster: its reference runs record the forecast statistics, the
-    search's evaluate applies l2p on the chosen mask too (the forecaster check), the saved policy takes the better one,
-    and GCache Apply runs the saved policy."""
+    search's evaluate applies l2p to l2p's start masks and to the best masks under the other forecaster (the
+    forecaster check), the saved policy is the lowest loss of them, and GCache Apply runs the saved policy."""
     import json
     from gcache_test_pack import FakeVAE
     m, pos, neg, lat = built["flux"]
-    args = (m, pos, neg, {"samples": lat}, FakeVAE(), 0, 2, 8, 1.0, "euler", "simple", 3, 14, 1, "ssim", "fc1", None,
+    args = (m, pos, neg, {"samples": lat}, FakeVAE(), 0, 2, 8, 1.0, "euler", "simple", 3, 20, 1, "ssim", "fc1", None,
             "fitted (profile)")
     with caplog.at_level("INFO", logger="gcache"):
         policy = GCacheSearch.execute(*args).result[0]
     state = json.loads((gcache_dir / "fc1.search.json").read_text())
-    key = "".join(map(str, policy.mask))
-    checked = state["forecasters"]
-    assert state["done"] and checked["mask"] == key and set(checked["results"]) == {"l2p"}
-    fitted_loss, l2p = state["masks"][key]["loss"], checked["results"]["l2p"]
-    assert len(l2p["per_seed"]) == 2 and "forecaster check on the chosen mask: l2p loss" in caplog.text
-    assert "8 steps; forecast l2p, 4 residuals kept per branch" in caplog.text  # the check sampled under l2p
-    assert policy.forecast in ("fitted", "l2p") and (policy.forecast == "l2p") == (
-        all(a < b for a, b in zip(l2p["per_seed"], state["masks"][key]["per_seed"])))  # two seeds: z = halves
-    assert policy.metrics["loss"] == (l2p["loss"] if policy.forecast == "l2p" else fitted_loss)
+    bits = "".join(map(str, policy.mask))
+    key = bits if policy.forecast == "fitted" else f"{bits}@{policy.forecast}"
+    assert state["done"] and state["version"] == 4 and any(h["mask"].endswith("@l2p") for h in state["history"])
+    checked = state["forecasters"]  # the candidate the policy came from, and it under the other forecaster
+    base = checked["mask"].partition("@")[2] or "fitted"
+    assert checked["mask"].partition("@")[0] == bits and set(checked["results"]) == {"fitted", "l2p"} - {base}
+    assert all(len(r["per_seed"]) == 2 for r in checked["results"].values())
+    assert "8 steps; forecast l2p, 4 residuals kept per branch" in caplog.text  # sampled under l2p
+    assert policy.forecast in ("fitted", "l2p") and policy.metrics["loss"] == state["masks"][key]["loss"]
+    assert policy.metrics["loss"] <= min(h["loss"] for h in state["history"] if h["kind"] == "instant")
     saved = Policy.load(str(gcache_dir / "fc1.json"))
     assert saved.forecast == policy.forecast and saved.forecast_params == policy.forecast_params
     folder_paths.filename_list_cache.clear()

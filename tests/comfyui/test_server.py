@@ -193,7 +193,7 @@ TINY_COND = {"flux": {"tokens": 6, "dim": 32, "pooled": 24}, "wan": {"tokens": 8
 SHRINK = {"EmptySD3LatentImage": {"width": 64, "height": 64, "batch_size": 1},
           "EmptyHunyuanLatentVideo": {"width": 64, "height": 64, "length": 5, "batch_size": 1},
           "KSampler": {"steps": 6},
-          "GCacheSearch": {"steps": 6, "k": 3, "seeds": 1, "budget": 26, "objective": "ssim", "mode": "foreground"}}
+          "GCacheSearch": {"steps": 6, "k": 3, "seeds": 1, "budget": 32, "objective": "ssim", "mode": "foreground"}}
 
 
 def to_api(wf: dict, info: dict) -> dict:
