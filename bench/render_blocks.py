@@ -352,6 +352,24 @@ def quality_bullets(results) -> str:
     if switched:
         lines.append(f"The forecaster check moved the searched policy to another forecaster at K = "
                      f"{', '.join(map(str, switched))} (in brackets in the table; [search](search.md#what-it-does)).")
+    fvs = res["forecast_search_minus_best_other_psnr"]
+    lines.append("Forecast search − the best row that is no search (every forecaster's instant policy on its own DP "
+                 "mask and on auto's, the baselines, the rivals on the searched mask; JSON "
+                 "`forecast_search_minus_best_other_psnr`): " + " / ".join(
+                     f"{num(v['margin_db'], '+.2f')}" for v in fvs.values()) + f" dB at K = {k_list(results)} (best "
+                 "other row: " + ", ".join(f"{v['best_other']} at K = {k}" for k, v in fvs.items()) + ").")
+    fvs64 = results("quality_64")["forecast_search_minus_best_other_psnr"]
+    lines.append("At the default budget 64 (`bench/quality.py --quick --budget 64 --gp-seeds 0`): " + " / ".join(
+        f"{num(v['margin_db'], '+.2f')}" for v in fvs64.values()) + " dB (best other row: " + ", ".join(
+        f"{v['best_other']} at K = {k}" for k, v in fvs64.items()) + ").")
+    cost, floor = res["forecast_search_cost"], res["budget_floor"]
+    lines.append("What it cost (JSON `forecast_search_cost`): " + " / ".join(
+        str(c["other_forecaster_starts"]) for c in cost.values()) + " of its " + " / ".join(
+        str(c["start_masks"]) for c in cost.values()) + " start masks under another forecaster, and " + " / ".join(
+        str(c["check_evaluations"]) for c in cost.values()) + " forecaster-check evaluations after the budget, at K = "
+        + k_list(results) + "; the least budget at degree 3 is " + ", ".join(
+            f"{v['with_other_forecasters']} for {fc} ({v['own_start_masks_only']} with its own start masks only)"
+            for fc, v in floor.items()) + ".")
     lines.append(f"Reuse search − best other reusing method: {per_k(res['search_minus_best_other_psnr'])} dB (JSON "
                  "`search_minus_best_other_psnr`). The search returns the lowest loss it measured, never worse than "
                  "its best start mask on its own seeds and never a polish move its guard rejected "
@@ -386,10 +404,12 @@ def wrap_bullet(text: str, width: int = 116) -> str:
 @block("quality_quick.forecast_table")
 def forecast_table(results) -> str:
     rows, res = at(results), results("quality_quick")
-    methods = ["instant_1batch", "instant_linear", "instant_fitted", "instant_auto", "gcache", "gcache_forecast"]
+    methods = ["instant_1batch", "instant_linear", "instant_fitted", "instant_l2p", "instant_auto", "l2p_auto_mask",
+               "gcache", "gcache_forecast"]
     out = [quality_row(rows, k, methods, res["auto_forecaster"][str(k)]) for k in ks(results)]
-    return table(["K", "instant reuse", "instant linear", "instant fitted (own DP mask)",
-                  "auto (its forecaster, reuse DP mask)", "reuse search", "search with auto's forecaster"], out)
+    return table(["K", "instant reuse", "instant linear", "instant fitted (own DP mask)", "instant l2p (own DP mask)",
+                  "auto (its forecaster, reuse DP mask)", "l2p on auto's mask", "reuse search",
+                  "search with auto's forecaster"], out)
 
 
 @block("quality_quick.forecast_bullets")
@@ -459,11 +479,15 @@ def polish_guard_prose(results) -> str:
 def forecaster_check_prose(results) -> str:
     res = results("forecaster_check")
     rule = res["rules"]["halves"]
-    switched_k = sorted({r["K"] for r in res["runs"] if r["picks"]["halves"]["forecaster"] != "fitted"})
+    base = lambda r: r.get("searched_with", "fitted")  # noqa: E731  (results before 2026-11-28: fitted's masks only)
+    switched_k = sorted({r["K"] for r in res["runs"] if r["picks"]["halves"]["forecaster"] != base(r)})
     gains = ", ".join(f"{num(rule['median_gain_db_per_k'][str(k)], '+.2f')} dB at K = {k}" for k in switched_k)
-    return (f"the check switched from fitted to another forecaster in {rule['switched']} of {len(res['runs'])} searches"
+    won = sorted({base(r) for r in res["runs"]})
+    return (f"the searches returned a candidate of {' or '.join(won)}; the check switched its forecaster in "
+            f"{rule['switched']} of {len(res['runs'])} searches"
             + (f" (at K = {', '.join(map(str, switched_k))}; median held-out gain {gains})" if switched_k else "")
-            + f", and its worst held-out gain over keeping fitted was {num(rule['worst_gain_db'], '+.2f')} dB")
+            + f", and its worst held-out gain over keeping the candidate's forecaster was "
+              f"{num(rule['worst_gain_db'], '+.2f')} dB")
 
 
 # ------------------------------------------------------------------------------------------------ forecasting.md

@@ -91,6 +91,8 @@ RUNS = {r.name: r for r in (
         needs="gpu", collect="gpu_check"),
     Run("quality_quick", "gcache.bench.quality", ("--quick",), ("bench/quality.py", "bench/rivals.py") + QUALITY,
         minutes=20),
+    Run("quality_64", "gcache.bench.quality", ("--quick", "--budget", "64", "--gp-seeds", "0"),
+        ("bench/quality.py", "bench/rivals.py") + QUALITY, minutes=14),
     Run("auto_error_models", "gcache.bench.auto_error_models", (), ("bench/auto_error_models.py", "bench/quality.py")
         + QUALITY, minutes=6),
     Run("l2p_keeps", "gcache.bench.l2p_keeps", (), ("bench/l2p_keeps.py", "bench/rivals.py") + QUALITY, minutes=2),
