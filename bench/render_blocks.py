@@ -469,10 +469,11 @@ def polish_guard_prose(results) -> str:
     better = r48["z_vs_halves"]["better"] + r64["z_vs_halves"]["better"]
     worse = r48["z_vs_halves"]["worse"] + r64["z_vs_halves"]["worse"]
     total = sum(r48["z_vs_halves"].get(k, 0) + r64["z_vs_halves"].get(k, 0) for k in ("better", "worse", "same"))
-    z10, h10 = r48["median_gain_db"]["z"].get("10"), r48["median_gain_db"]["halves"].get("10")
+    z, h = r48["median_gain_db"]["z"], r48["median_gain_db"]["halves"]
+    k = max(z, key=lambda kk: (abs(z[kk] - h[kk]), -int(kk)))  # the K where the two guards differ most
     return (f"the z guard was better in {better} and worse in {worse} of {total} searches at budgets 48 and 64, and at "
-            f"K = 10 of 30 (budget 48) its median gain over no polish was {db(z10, '+.2f')} dB where the halves "
-            f"guard's was {db(h10, '+.2f')} dB")
+            f"K = {k} of 30 (budget 48) its median gain over no polish was {db(z[k], '+.2f')} dB where the halves "
+            f"guard's was {db(h[k], '+.2f')} dB")
 
 
 @block("forecaster_check.prose")
