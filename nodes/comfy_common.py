@@ -75,8 +75,25 @@ def shown_folders() -> dict[str, str]:
     return out
 
 
+PACK_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # nodes/ -> this pack's folder
+
+
+def shown_pack() -> str:
+    """How a message names this pack's folder: its path under ComfyUI's base directory ("custom_nodes/<pack>"), as
+    a user reads it in ComfyUI's folder; "custom_nodes/<pack>" too where the pack lies elsewhere (a link)."""
+    base = os.path.abspath(getattr(folder_paths, "base_path", "") or os.getcwd())
+    try:
+        inside = os.path.commonpath([PACK_DIR, base]) == base and PACK_DIR != base
+    except ValueError:  # another drive (Windows)
+        inside = False
+    shown = os.path.relpath(PACK_DIR, base) if inside else os.path.join("custom_nodes", os.path.basename(PACK_DIR))
+    return shown.replace(os.sep, "/")
+
+
 def for_the_browser(text: str) -> str:
-    """A message as a node's error shows it: files by their names in the gcache folder, no server path."""
+    """A message as a node's error shows it: files by their names in the gcache folder, a file of this pack (its
+    requirements.txt) by its path under ComfyUI's folder, no server path."""
+    text = text.replace(PACK_DIR + os.sep, shown_pack() + "/")
     return without_server_paths(text, shown_folders())
 
 

@@ -413,6 +413,26 @@ def test_errors_cut_long_names_and_name_no_server_path(flux, gcache_dir, monkeyp
         assert str(e.value) in ("No policy file at mine.json.", "[Errno 13] Permission denied: '.tmp-x1'")
 
 
+def test_the_missing_packages_message_names_this_packs_requirements_under_comfyuis_folder(monkeypatch):
+    """The browser's copy of "install GCache's requirements" once said `pip install -r requirements.txt` (the path cut
+    to its last part with the server's paths): it names the pack's file as a user in ComfyUI's folder types it."""
+    import folder_paths
+    from gcache.nodes import comfy_common as cc
+    from gcache.search.infra import requirements
+    pack = os.path.dirname(requirements.REQUIREMENTS)
+    assert os.path.isfile(os.path.join(pack, "__init__.py")) and pack == cc.PACK_DIR
+    monkeypatch.setitem(requirements.PIP_NAMES, "gcache_no_such_module", "no-such-package")
+    with pytest.raises(GCacheError) as e:
+        requirements.require("gcache_no_such_module")
+    assert requirements.REQUIREMENTS in str(e.value)  # the server's own text (its log) has the full path
+    parent, name = os.path.split(pack)
+    for base, shown in ((os.path.dirname(parent), f"{os.path.basename(parent)}/{name}/requirements.txt"),
+                        (os.path.join(os.sep, "elsewhere", "comfy"), f"custom_nodes/{name}/requirements.txt")):
+        monkeypatch.setattr(folder_paths, "base_path", base)
+        msg = cc.for_the_browser(str(e.value))
+        assert f"pip install -r {shown}\n" in msg and pack not in msg and "no-such-package" in msg, (base, msg)
+
+
 # ------------------------------------------------------------------------------ log lines that agree
 def test_a_remapped_fitted_policy_says_one_thing_about_its_forecast(flux, gcache_dir, caplog):
     """A fitted policy applied at another step count once logged "its skipped steps forecast linearly" and then, in
