@@ -93,18 +93,27 @@ class ReferenceHarness:
 
 class SeedEvaluator:
     """A search's evaluate(mask) on the reference model (ReferenceHarness.evaluator). It applies any forecaster (with
-    parameters fitted from the profile when it has one), so it says so to the search (search/executor.py)."""
+    parameters fitted from the profile when it has one) and samples the fresh seeds (search/fresh_choice.py; their
+    full-compute images made on first use), so it says so to the search (search/executor.py)."""
 
     can_apply_forecaster = True
+    can_sample_fresh = True
 
     def __init__(self, harness: ReferenceHarness, seeds: Sequence[int], objective, forecast="reuse",
                  profile: Optional[Profile] = None):
         self.h, self.seeds, self.objective, self.profile = harness, list(seeds), objective, profile
         self.own = forecasters.get(forecast)
         self.ref = harness.full(self.seeds)
+        from ..search.fresh_choice import fresh_seeds
+        self.fresh_seeds, self.fresh_ref = fresh_seeds(self.seeds), None
 
-    def __call__(self, mask: Sequence[int], forecast: Optional[str] = None) -> list[float]:
+    def __call__(self, mask: Sequence[int], forecast: Optional[str] = None, fresh: bool = False) -> list[float]:
         fc = self.own if forecast is None else forecasters.get(forecast)
         params = fc.fit(self.profile, list(mask)) if self.profile is not None else {}
-        img, _ = self.h.run(self.seeds, mask=list(mask), forecast=fc.name, forecast_params=params)
-        return [float(self.objective(img[i:i + 1], self.ref[i:i + 1])) for i in range(img.shape[0])]
+        seeds, ref = self.seeds, self.ref
+        if fresh:
+            if self.fresh_ref is None:
+                self.fresh_ref = self.h.full(self.fresh_seeds)
+            seeds, ref = self.fresh_seeds, self.fresh_ref
+        img, _ = self.h.run(seeds, mask=list(mask), forecast=fc.name, forecast_params=params)
+        return [float(self.objective(img[i:i + 1], ref[i:i + 1])) for i in range(img.shape[0])]

@@ -32,6 +32,7 @@ from .state import POLISH, START, SearchState
 # How the chosen entry was chosen (the policy's provenance "chosen")
 BEST, ARGMIN_MU, BEYOND_NOISE, WITHIN_NOISE = "best_evaluated", "argmin_mu", "beyond_noise", "instant_within_noise"
 CHECKED = "forecaster_check"  # another candidate the choice accepted won under the forecaster the check gave it
+FRESH = "fresh_seeds"  # another forecaster's best candidate won on the fresh seeds (fresh_choice.py)
 
 
 class Choice(NamedTuple):

@@ -34,8 +34,8 @@ import math
 from typing import Any, Callable, Optional
 
 from ..core import forecasters
-from ..core.errors import GCacheError
 from ..core.profile import Profile
+from .starts import can_fit, other_forecasters
 from .paired import CHECK_NEAR, HALVES, MEAN, Rule, beyond_z, paired_difference
 from .state import SearchState, key_of, loss_of, mask_of, split_key
 
@@ -127,20 +127,7 @@ def run_on_candidates(state: SearchState, profile: Profile, forecast: str, keys:
 
 def candidates(profile: Profile, forecast: str) -> list[str]:
     """The other profile-fitted forecasters this profile can fit, when the search's own one is profile-fitted."""
-    own = forecasters.get(forecast)
-    if not own.needs_profile:
-        return []
-    out = []
-    for name in forecasters.names():
-        fc = forecasters.get(name)
-        if name == own.name or not (fc.forecasts and fc.needs_profile):
-            continue
-        try:
-            fc.fit(profile, [1] * profile.n_steps)  # what it needs from the profile (statistics), checked on any mask
-        except GCacheError:
-            continue
-        out.append(name)
-    return out
+    return other_forecasters(forecast, can_fit(profile))
 
 
 def pick(base: dict, results: dict, seed: int, rule: str = RULE) -> Optional[str]:

@@ -16,11 +16,13 @@ SearchLoop is one search, one method per phase, in the order they run:
     finish()   the GP refit on every (s, loss); the mask of s_μ = argmin μ(s), measured if new
     choose()   the candidates the search could return (choice.py: never worse on its loss than its best start mask)
     check(c)   those candidates under the other profile-fitted forecasters (forecaster_check.py)
+    fresh(c)   the check's pick against each profile-fitted forecaster's best candidate, on fresh seeds
+               (fresh_choice.py)
     result()   the policy (result.py)
 
 A candidate is a mask with the forecaster it is applied with (state.py key_of): the search's own, or another
 profile-fitted one's. A state file of version 3 (made before) resumes as it was: its own start masks only, the
-check on its chosen mask only.
+check on its chosen mask only; a file made before the final choice on fresh seeds resumes without that choice.
 
 The budget splits into the first four phases (budget.py); `propose(j)` says which phase proposal j belongs to.
 `run()` drives them: up to q proposals in flight on an Executor (executor.py), each result recorded in the state
@@ -48,9 +50,9 @@ from ..core import forecasters
 from ..core.errors import GCacheError
 from ..core.profile import Profile
 from ..core.weights import bernstein_w
-from . import forecaster_check, paired
+from . import forecaster_check, fresh_choice, paired
 from . import result as results
-from .choice import Choice, choose
+from .choice import FRESH, Choice, choose
 from .config import SearchConfig, check_k
 from .executor import Executor, InProcessExecutor, evaluate_now
 from .gp import GPLCB, kappa_schedule, start_grid
@@ -59,7 +61,7 @@ from .polish import Polish
 from .result import SearchResult
 from .choice import ranking
 from .starts import start_masks
-from .state import FINAL, GP, GRID, POLISH, START, SearchState, forecaster_of, key_of, split_key
+from .state import FINAL, GP, GRID, POLISH, START, SearchState, forecaster_of, key_of, mask_of, split_key
 
 log = logging.getLogger("gcache")
 
@@ -69,7 +71,8 @@ class SearchInterrupted(Exception):
 
 
 def mask_key(mask: Sequence[int]) -> str:
-    return "".join("1" if m else "0" for m in mask)
+    """The key of `mask` under the search's own forecaster (state.py key_of)."""
+    return key_of(mask)
 
 
 def gp_targets(losses, log_loss: bool) -> np.ndarray:
@@ -127,7 +130,7 @@ class SearchLoop:
         _, _, self.n_gp, self.n_polish = config.phases(len(self.starts))
         w_theory = propagation_weights(profile, "theory")
         self.polisher = Polish(self.state, config.seed, None if config.polish_order == "seeded" else
-                               lambda key: bound_on(self.errors_of(key), w_theory, [int(c) for c in split_key(key)[0]]),
+                               lambda key: bound_on(self.errors_of(key), w_theory, mask_of(key)),
                                config.polish_guard)
         self.in_flight: dict = {}  # executor handle -> (proposal, start time)
         self.every = max(1, config.budget // 10)
@@ -139,11 +142,6 @@ class SearchLoop:
         if name not in self._errors:
             self._errors[name] = forecasters.get(name).dp_errors(self.profile)
         return self._errors[name]
-
-    @property
-    def errors(self) -> tuple:
-        """The search's own forecaster's DP error tensors."""
-        return self._errors[self.own]
 
     def working(self) -> str:
         """The forecaster the start grid, GP-LCB and argmin μ apply: the one of the best start mask (the search's own
@@ -265,6 +263,31 @@ class SearchLoop:
         check["entry"] = next(c.entry for c in ranked if c.entry["mask"] == check["mask"])
         return check
 
+    def fresh(self, check: dict) -> dict:
+        """The final choice on fresh seeds (fresh_choice.py) after the check of a search with a profile-fitted
+        forecaster: the check's dict, for the fresh seeds' winner when another finalist won there."""
+        names = forecaster_check.fitted_forecasters(self.profile, self.own)
+        if self.state.version < 4 or self.state.fresh is None or not names:
+            return check
+        keys = fresh_choice.finalists(self.state, check["key"], names, self.own)
+        if len(keys) < 2:
+            return check
+        measure = None
+        if not self.skip_check and self.executor.can_sample_fresh and self.executor.can_apply_forecaster:
+            def measure(mask: list, name: Optional[str]) -> Any:
+                return evaluate_now(self.executor, mask, forecast=name, fresh=True)
+        why_not = self.skip_check or (None if self.executor.can_sample_fresh else fresh_choice.CANT_SAMPLE)
+        fresh = fresh_choice.run(self.state, keys, measure, self.own, why_not)
+        record = fresh_choice.provenance(fresh, check["key"])
+        if fresh["key"] == check["key"]:
+            return {**check, "fresh": record}
+        won = fresh["key"]
+        entry = fresh_choice.entry_of(self.state, won)
+        fc = forecaster_of(won, self.own)
+        return {"key": won, "mask": entry["mask"], "entry": entry, "forecaster": fc, "skipped": None,
+                "results": {} if won == entry["mask"] else {fc: self.state.masks[won]},
+                "candidates": check.get("candidates", []), "how": FRESH, "fresh": record}
+
     def result(self, choice: Choice, check: dict) -> SearchResult:
         return results.build(self.state, self.profile, self.config, choice, check)
 
@@ -284,8 +307,8 @@ class SearchLoop:
                      best["loss"], results.method_of(best))
 
     def dispatch(self, p: dict) -> None:
-        bits, fc = split_key(p["mask"])
-        mask = [int(c) for c in bits]
+        fc = split_key(p["mask"])[1]
+        mask = mask_of(p["mask"])
         handle = self.executor.submit(mask) if fc is None else self.executor.submit(mask, forecast=fc)
         self.in_flight[handle] = (p, time.perf_counter())
 
@@ -350,7 +373,7 @@ class SearchLoop:
             else:
                 self.finish()
         choice = self.choose()
-        result = self.result(choice, self.check(choice))
+        result = self.result(choice, self.fresh(self.check(choice)))
         log.info("GCache Search: done in %.1f s: mask %s, won by %s (%s), loss %.5g.", time.perf_counter() - t_start,
                  result.policy.describe(), result.policy.provenance["won"], result.policy.provenance["chosen"],
                  result.policy.metrics["loss"])

@@ -15,7 +15,7 @@ from ..core.io_share import IoShare
 from ..core.policy import Policy
 from ..core.profile import Profile
 from . import forecaster_check
-from .choice import CHECKED, Choice
+from .choice import CHECKED, FRESH, Choice
 from .config import SearchConfig
 from .instant import instant_name
 from .paired import paired_difference
@@ -74,7 +74,7 @@ def build(state: SearchState, profile: Profile, config: SearchConfig, choice: Ch
         searched, measured = masks[base], masks[check["key"]]
         base_fc = forecaster_of(base, searched_with)
         if chosen is not choice.entry:
-            choice = Choice(chosen, CHECKED, choice.unchecked)
+            choice = Choice(chosen, check.get("how", CHECKED), choice.unchecked)
     else:
         chosen, base_fc = choice.entry, searched_with
         searched = masks[chosen["mask"]]
@@ -94,13 +94,18 @@ def build(state: SearchState, profile: Profile, config: SearchConfig, choice: Ch
         if vs is not None:
             metrics["loss_minus_instant"] = vs  # paired over seeds: < 0 means the search beat the instant policy
     prov["forecast"] = {"forecaster": fc_name,
-                        "chosen_by": "forecaster check" if fc_name != base_fc else
+                        "chosen_by": "fresh seeds" if check.get("how") == FRESH else
+                        "forecaster check" if fc_name != base_fc else
                         ("search config" if fc_name == searched_with else "search")}
     checked = forecaster_check.provenance(check, base_fc, searched)
     if checked:
         prov["forecast"]["check"] = checked
     if check.get("candidates") and len(check["candidates"]) > 1:
         prov["forecast"]["candidates_checked"] = len(check["candidates"])
+    if check.get("fresh"):
+        prov["fresh_seeds"] = check["fresh"]  # the final choice on fresh seeds (fresh_choice.py)
+        if check["key"] in check["fresh"].get("losses", {}):
+            metrics["fresh_loss"] = check["fresh"]["losses"][check["key"]]
     policy = searched_policy(profile, mask_of(chosen["mask"]), fc_name, "gcache", prov, metrics)
     return SearchResult(policy=policy, best_mask=mask_of(best["mask"]), best_loss=best["loss"],
                         mu_mask=mask_of(fin["mask"]), mu_loss=fin["loss"], s_best=chosen["s"], s_mu=fin["s"],

@@ -78,14 +78,15 @@ def start_count(forecast: str, has_fit_stats: bool, n_extra: int = 0, others: bo
     return len(start_methods(forecast, _models(forecast, has_fit_stats), more)) + n_extra
 
 
-def _can_fit(profile: Profile):
-    def can_fit(name: str) -> bool:
+def can_fit(profile: Profile):
+    """can_fit(name): whether `profile` has what forecaster `name` needs (its fit tried on the all-ones mask)."""
+    def fits(name: str) -> bool:
         try:
             forecasters.get(name).fit(profile, [1] * profile.n_steps)  # what it needs from the profile, on any mask
         except GCacheError:
             return False
         return True
-    return can_fit
+    return fits
 
 
 def instant_masks(profile: Profile, k: int, forecast="reuse", others: bool = True) -> list[tuple[str, list, str]]:
@@ -97,7 +98,7 @@ def instant_masks(profile: Profile, k: int, forecast="reuse", others: bool = Tru
         return teacache_mask(profile.rel_h, k)[0] if how is None else \
             instant_policy(profile, k, how[0], forecast=how[1], error_model=how[2]).mask
     more = [(n, error_models.available(profile, forecasters.get(n)))
-            for n in other_forecasters(fc.name, _can_fit(profile))] if others else []
+            for n in other_forecasters(fc.name, can_fit(profile))] if others else []
     methods = start_methods(fc.name, error_models.available(profile, fc), more)
     return [(name, mask(how), fc.name if how is None else how[1]) for name, how in methods.items()]
 

@@ -173,6 +173,11 @@ def _check(state: dict) -> None:
                                     and all(isinstance(k, str) and isinstance(r, dict) and number(r.get("loss"))
                                             for k, r in checked["results"].items())):
         raise ValueError("bad forecaster check entry")
+    fresh = state.get("fresh")  # the final choice on fresh seeds (fresh_choice.py); absent in files made before it
+    if fresh is not None and not (isinstance(fresh, dict) and isinstance(fresh.get("masks"), dict)
+                                  and all(mask_ok(k) and isinstance(r, dict) and number(r.get("loss"))
+                                          for k, r in fresh["masks"].items())):
+        raise ValueError("bad fresh-seed entry")
     if not isinstance(state["fingerprint"], str):
         raise ValueError("bad search id ('fingerprint')")
 
@@ -299,7 +304,7 @@ class SearchState:
             return cls({"format": STATE_FORMAT, "version": STATE_VERSION, "fingerprint": sid, "config": asdict(config),
                         "profile": prof_id, "provenance": provenance, "starts": list(starts), "history": [],
                         "masks": {}, "gp": {"theta": None}, "polish": {"incumbent": None, "roots": [], "guard": None},
-                        "final": None, "done": False, "pending": []}, path)
+                        "final": None, "done": False, "pending": [], "fresh": {"masks": {}}}, path)
         data = load_state(path)
         if data["fingerprint"] != sid:  # the search id
             raise _another_search(path, _differences(data, config, prof_id, provenance, starts))
@@ -444,6 +449,13 @@ class SearchState:
                 entry[key] = proposal[key]
         self.history.append(entry)
         return entry
+
+    @property
+    def fresh(self) -> Optional[dict]:
+        """The candidates measured on the fresh seeds (key -> {"loss", "per_seed"?}); None in a file made before the
+        final choice on fresh seeds (its search resumes without it)."""
+        fresh = self._data.get("fresh")
+        return None if fresh is None else fresh["masks"]
 
     def check_results(self, key: str) -> dict:
         """The forecaster check's results on mask `key` (name -> {"loss", "per_seed"?}), to be filled: a check of

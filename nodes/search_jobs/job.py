@@ -24,6 +24,7 @@ from ...core.profile import Profile
 from ...core.verdicts import checks_of, failed, stamp
 from ...search.config import SearchConfig
 from ...search.infra.objectives import make_objective
+from ...search.fresh_choice import fresh_seeds
 from ...search.loop import SearchInterrupted, SearchResult, run_search
 from ...search.result import predicted_speedup_text, searched_policy
 from ...search.starts import start_count
@@ -248,19 +249,30 @@ class SearchJob:
 class Evaluation:
     """evaluate(mask) of one GCache Search: its seeds sampled under the mask through a patched clone, each scored
     against its reference image (one loss per seed: paired comparisons). It applies any forecaster the profile can
-    fit (the forecaster check: evaluate(mask, forecast=name)); each candidate policy carries the profile's io share,
-    so Apply's log predicts the speed-up the saved policy will."""
+    fit (the forecaster check: evaluate(mask, forecast=name)) and samples the fresh seeds (the final choice on fresh
+    seeds, search/fresh_choice.py: seed + n … seed + 2n − 1, their full-compute images sampled from the connected
+    model on first use); each candidate policy carries the profile's io share, so Apply's log predicts the speed-up
+    the saved policy will."""
 
     can_apply_forecaster = True
+    can_sample_fresh = True
 
     def __init__(self, job: SearchJob, profile: Profile, refs: list, loss_fn):
         self.job, self.profile, self.refs, self.loss_fn = job, profile, refs, loss_fn
+        self.fresh_seeds, self.fresh_refs = fresh_seeds(job.seeds), None
 
-    def __call__(self, mask, forecast=None) -> list:
+    def __call__(self, mask, forecast=None, fresh=False) -> list:
         job = self.job
+        seeds, refs = job.seeds, self.refs
+        if fresh:
+            if self.fresh_refs is None:
+                log.info("GCache Search: full-compute images of %d fresh seeds (%s) for the final choice.",
+                         len(self.fresh_seeds), ", ".join(map(str, self.fresh_seeds)))
+                self.fresh_refs = [job.run(job.model, s) for s in self.fresh_seeds]
+            seeds, refs = self.fresh_seeds, self.fresh_refs
         pol = searched_policy(self.profile, mask, forecast or job.config.forecast, "search-candidate")
         m = hooks.patch_model(job.model, apply_config(job.model, pol, on_mismatch="error"))
-        return [self.loss_fn(job.run(m, s), r) for s, r in zip(job.seeds, self.refs)]
+        return [self.loss_fn(job.run(m, s), r) for s, r in zip(seeds, refs)]
 
 
 def _auto_takes(policy: Policy) -> str:

@@ -7,24 +7,22 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from ..executor import applies_forecasters, cant_apply
+from ..executor import applies_forecasters, call, check_asks, samples_fresh
 
 
 class ThreadExecutor:
-    """Evaluations on threads of this process. It can apply another forecaster when `evaluate` declares it can
-    (executor.py)."""
+    """Evaluations on threads of this process. It can apply another forecaster, and sample the fresh seeds, when
+    `evaluate` declares it can (executor.py)."""
 
     def __init__(self, evaluate: Callable[..., Any], workers: int = 2):
         from concurrent.futures import ThreadPoolExecutor
         self.evaluate, self.pool = evaluate, ThreadPoolExecutor(workers)
         self.can_apply_forecaster = applies_forecasters(evaluate)
+        self.can_sample_fresh = samples_fresh(evaluate)
 
-    def submit(self, mask: list, forecast: Optional[str] = None):
-        if forecast is None:
-            return self.pool.submit(self.evaluate, list(mask))
-        if not self.can_apply_forecaster:
-            cant_apply(forecast)
-        return self.pool.submit(self.evaluate, list(mask), forecast=forecast)
+    def submit(self, mask: list, forecast: Optional[str] = None, fresh: bool = False):
+        check_asks(self, forecast, fresh)
+        return self.pool.submit(call, self.evaluate, list(mask), forecast, fresh)
 
     def wait(self, handles):
         from concurrent.futures import FIRST_COMPLETED, wait

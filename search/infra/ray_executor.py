@@ -13,7 +13,7 @@ import sys
 from typing import Any, Optional
 
 from ...core.errors import GCacheError
-from ..executor import cant_apply
+from ..executor import check_asks
 
 RESTARTS = 3  # a worker process that dies is restarted this often, and its evaluation retried
 
@@ -31,9 +31,11 @@ def require_ray():
 
 class RayExecutor:
     """A mask goes to a free actor; Ray retries it if the actor dies. A worker class has run(mask) and pid(). The
-    actors sample under the search's own forecaster only (the forecaster check is skipped, and says so)."""
+    actors sample under the search's own forecaster on the search seeds only (the forecaster check and the final
+    choice on fresh seeds are skipped, and say so)."""
 
     can_apply_forecaster = False
+    can_sample_fresh = False
 
     def __init__(self, actors: list):
         self.ray = require_ray()
@@ -51,8 +53,8 @@ class RayExecutor:
         remote = ray.remote(num_cpus=1, num_gpus=num_gpus, max_restarts=RESTARTS, max_task_retries=RESTARTS)(worker_cls)
         return cls([remote.remote(*a, **k) for a, k in arguments])
 
-    def submit(self, mask: list, forecast: Optional[str] = None) -> Any:
-        cant_apply(forecast)
+    def submit(self, mask: list, forecast: Optional[str] = None, fresh: bool = False) -> Any:
+        check_asks(self, forecast, fresh)
         free = [a for a in self.actors if a not in self.busy.values()]
         actor = free[0] if free else self.actors[len(self.busy) % len(self.actors)]
         ref = actor.run.remote(list(mask))

@@ -1,0 +1,181 @@
+"""The final choice on fresh seeds (search/fresh_choice.py): the seeds, the finalists and the winner by hand, a search
+whose own seeds rank the forecasters the other way from its fresh seeds, resuming without sampling again, and the
+searches that skip it (an evaluation that can't, a fixed rule, a state file made before it)."""
+import json
+import logging
+
+import pytest
+
+from gcache.search import fresh_choice
+from gcache.search.config import SearchConfig
+from gcache.search.fresh_choice import finalists, fresh_seeds
+from gcache.search.loop import run_search
+from gcache.search.state import SearchState, load_state
+from test_forecaster_l2p import profile_of, trajectories
+
+CFG = dict(k=5, degree=2, budget=26, seed=1, objective="ssim", n_candidates=256, acq_polish=2, forecast="fitted")
+
+
+@pytest.fixture(scope="module")
+def prof():
+    samples, times = trajectories()
+    return profile_of(samples, times)
+
+
+def test_fresh_seeds_by_hand():
+    assert fresh_seeds(range(1000, 1016)) == list(range(1016, 1032))
+    assert fresh_seeds([5]) == [6] and fresh_seeds([3, 7]) == [8, 9]
+    assert not set(fresh_seeds([0, 1, 2])) & {0, 1, 2}
+
+
+def _state(masks: dict, history: list) -> SearchState:
+    """An in-memory search state with the fresh-seed entry: `masks` key -> per-seed losses, `history` keys."""
+    data = {"format": "gcache.search_state", "version": 4, "fingerprint": "t", "config": {"seed": 0},
+            "profile": {}, "provenance": {}, "starts": [], "history": [], "masks": {}, "gp": {"theta": None},
+            "polish": {"incumbent": None, "roots": [], "guard": None}, "final": None, "done": True, "pending": [],
+            "fresh": {"masks": {}}}
+    st = SearchState(data, None)
+    for key, per_seed in masks.items():
+        st.measure(key, per_seed, 0.0, first=0)
+    for key in history:
+        st.record({"kind": "instant", "s": None, "mask": key, "method": "m"}, 0.0, False)
+    return st
+
+
+def test_the_finalists_and_the_winner_by_hand():
+    """A (fitted, the pick) 1.0; C (fitted) 1.5; l2p: B 1.2 in the history, D 1.1 measured only by the check (the
+    variant of a fitted history entry's mask). Finalists: A and D (l2p's lowest). On the fresh seeds D is lower: D
+    wins, and its entry is the history entry of its mask."""
+    a, b, c = "1111100000", "1110110000@l2p", "1101110000"
+    d = "1011110000@l2p"
+    st = _state({a: [1.0, 1.0], b: [1.2, 1.2], c: [1.5, 1.5], d: [1.1, 1.1], "1011110000": [1.3, 1.3]},
+                [a, b, c, "1011110000"])
+    keys = finalists(st, a, ["fitted", "l2p"], "fitted")
+    assert keys == [a, d]
+    assert finalists(st, a, ["fitted"], "fitted") == [a]  # A is fitted's lowest: nothing to compare
+    fresh = {a: [2.0, 2.2], d: [1.0, 1.4]}
+    calls = []
+
+    def measure(mask, fc):
+        key = "".join(map(str, mask)) + (f"@{fc}" if fc else "")
+        calls.append(key)
+        return fresh[key]
+    out = fresh_choice.run(st, keys, measure, "fitted")
+    assert calls == [a, d] and out["key"] == d and out["evaluations"] == 2 and out["seeds"] == 2
+    assert out["losses"] == {a: pytest.approx(2.1), d: pytest.approx(1.2)}
+    assert fresh_choice.entry_of(st, d)["mask"] == "1011110000"  # the variant's mask, from the history
+    rec = fresh_choice.provenance(out, a)
+    assert rec["replaced"] is True and rec["seeds"] == 2 and set(rec["losses"]) == {a, d}
+    again = fresh_choice.run(st, keys, None, "fitted")  # kept in the state: nothing measured again
+    assert len(calls) == 2 and again["key"] == d and again["evaluations"] == 0
+
+
+def test_a_tie_keeps_the_pick_and_no_measure_says_why():
+    a, d = "1111100000", "1011110000@l2p"
+    st = _state({a: [1.0], d: [1.1]}, [a, d])
+    out = fresh_choice.run(st, [a, d], lambda mask, fc: [0.5], "fitted")
+    assert out["key"] == a  # equal fresh losses: the search's pick stays
+    st2 = _state({a: [1.0], d: [1.1]}, [a, d])
+    skipped = fresh_choice.run(st2, [a, d], None, "fitted", "no references here")
+    assert skipped["key"] == a and "did not run: no references here; the search's pick stays" in skipped["skipped"]
+    assert st2.fresh == {}
+
+
+class Evaluator:
+    """Per-seed losses of two seeds for (mask, forecaster, which seeds): a fixed function of the mask times the
+    forecaster's factor, which differs between the search seeds and the fresh ones; records every call."""
+
+    can_apply_forecaster = True
+    can_sample_fresh = True
+
+    def __init__(self, factors: dict, fresh_factors: dict):
+        self.factors, self.fresh_factors, self.calls = factors, fresh_factors, []
+
+    @staticmethod
+    def base(mask) -> float:
+        return (1 + sum(i * m for i, m in enumerate(mask))) / 100.0
+
+    def __call__(self, mask, forecast=None, fresh=False):
+        self.calls.append(("".join(map(str, mask)), forecast, fresh))
+        v = self.base(mask) * (self.fresh_factors if fresh else self.factors).get(forecast, 1.0)
+        return [v, 1.1 * v]
+
+
+def test_a_search_whose_fresh_seeds_disagree_returns_the_fresh_winner(prof, tmp_path):
+    """On the search seeds l2p costs 1.3× fitted's loss on every mask; on the fresh seeds half of it. The search
+    picks a fitted candidate; on the fresh seeds l2p's best candidate (by its search-seed loss) wins. Oracle: the
+    evaluator's own calls."""
+    path = str(tmp_path / "s.json")
+    ev = Evaluator({"l2p": 1.3}, {"l2p": 0.5})
+    res = run_search(prof, SearchConfig(**CFG), ev, state_path=path, provenance={"seeds": [1, 2]})
+    searched = [(m, f) for m, f, fresh in ev.calls if not fresh]
+    fresh_calls = [(m, f) for m, f, fresh in ev.calls if fresh]
+    l2p_best = min((m for m, f in searched if f == "l2p"), key=lambda m: Evaluator.base([int(c) for c in m]))
+    fitted_losses = {m: Evaluator.base([int(c) for c in m]) for m, f in searched if f is None}
+    pick = min(fitted_losses, key=fitted_losses.get)  # fitted's lowest loss beats every l2p one by 1.3×
+    assert fresh_calls == [(pick, None), (l2p_best, "l2p")]
+    pol = res.policy
+    assert pol.forecast == "l2p" and "".join(map(str, pol.mask)) == l2p_best
+    assert pol.provenance["forecast"]["chosen_by"] == "fresh seeds"
+    fresh = pol.provenance["fresh_seeds"]
+    assert fresh["replaced"] is True and fresh["seeds"] == 2
+    assert fresh["losses"][l2p_best + "@l2p"] == pytest.approx(0.5 * 1.05 * Evaluator.base(pol.mask))
+    assert pol.metrics["fresh_loss"] == fresh["losses"][l2p_best + "@l2p"]
+    assert pol.metrics["loss"] == pytest.approx(1.3 * 1.05 * Evaluator.base(pol.mask))  # its search-seed loss
+    assert set(load_state(path)["fresh"]["masks"]) == {pick, l2p_best + "@l2p"}
+    again = Evaluator({"l2p": 1.3}, {"l2p": 0.5})  # resumed on the finished state: nothing sampled again
+    res2 = run_search(prof, SearchConfig(**CFG), again, state_path=path, provenance={"seeds": [1, 2]})
+    assert again.calls == [] and res2.policy.to_dict() == pol.to_dict()
+
+
+def test_agreeing_fresh_seeds_keep_the_pick(prof):
+    ev = Evaluator({"l2p": 1.3}, {"l2p": 1.3})
+    pol = run_search(prof, SearchConfig(**CFG), ev, provenance={"seeds": [1, 2]}).policy
+    assert pol.forecast == "fitted" and pol.provenance["fresh_seeds"]["replaced"] is False
+    assert sum(fresh for _, _, fresh in ev.calls) == 2
+
+
+def test_an_evaluation_that_cant_sample_fresh_seeds_says_so(prof, caplog):
+    ev = Evaluator({"l2p": 1.3}, {"l2p": 0.5})
+
+    def plain(mask, forecast=None):  # applies forecasters, declares no fresh seeds
+        return ev(mask, forecast)
+    plain.can_apply_forecaster = True
+    with caplog.at_level(logging.INFO, logger="gcache"):
+        pol = run_search(prof, SearchConfig(**CFG), plain, provenance={"seeds": [1, 2]}).policy
+    assert pol.forecast == "fitted" and not any(fresh for _, _, fresh in ev.calls)
+    assert "final choice on fresh seeds (2 finalists) did not run" in caplog.text
+    assert "can_sample_fresh" in pol.provenance["fresh_seeds"]["skipped"]
+
+
+def test_a_fixed_rule_search_samples_no_fresh_seeds(prof):
+    ev = Evaluator({"l2p": 0.5, "fitted": 0.5}, {"l2p": 0.1, "fitted": 0.1})
+    pol = run_search(prof, SearchConfig(**dict(CFG, forecast="linear")), ev, provenance={"seeds": [1, 2]}).policy
+    assert pol.forecast == "linear" and not any(fresh for _, _, fresh in ev.calls)
+    assert "fresh_seeds" not in pol.provenance
+
+
+def test_a_state_file_made_before_the_fresh_choice_resumes_without_it(prof, tmp_path):
+    """A finished search whose file has no "fresh" entry (made by the previous GCache) returns its check's pick
+    and samples nothing; the file is read as it was."""
+    path = str(tmp_path / "s.json")
+    first = Evaluator({"l2p": 1.3}, {"l2p": 0.5})
+    run_search(prof, SearchConfig(**CFG), first, state_path=path, provenance={"seeds": [1, 2]})
+    data = json.load(open(path))
+    del data["fresh"]
+    json.dump(data, open(path, "w"))
+    again = Evaluator({"l2p": 1.3}, {"l2p": 0.5})
+    pol = run_search(prof, SearchConfig(**CFG), again, state_path=path, provenance={"seeds": [1, 2]}).policy
+    assert again.calls == [] and pol.forecast == "fitted" and "fresh_seeds" not in pol.provenance
+
+
+def test_a_damaged_fresh_entry_is_refused(prof, tmp_path):
+    from gcache.core.errors import GCacheError
+    path = str(tmp_path / "s.json")
+    run_search(prof, SearchConfig(**CFG), Evaluator({"l2p": 1.3}, {"l2p": 0.5}), state_path=path,
+               provenance={"seeds": [1, 2]})
+    data = json.load(open(path))
+    data["fresh"]["masks"]["10"] = {"loss": 1.0}  # not a mask of the profile's steps
+    json.dump(data, open(path, "w"))
+    with pytest.raises(GCacheError):
+        load_state(path)
