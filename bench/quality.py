@@ -109,12 +109,15 @@ def convergence(res, h, seeds, final_psnr: float, tol: float = 0.3) -> int:
 
 def forecast_cost(state) -> dict:
     """What the forecast search spent on other forecasters: its start masks applied with another forecaster than
-    its own (search/starts.py), and the forecaster check's evaluations after the budget (forecaster_check.py)."""
+    its own (search/starts.py), the forecaster check's evaluations after the budget (forecaster_check.py), and the
+    final choice's evaluations on the fresh seeds (fresh_choice.py; beside them, one full-compute run per fresh
+    seed)."""
     history = state.history
     in_history = {h["mask"] for h in history} | ({state.final["mask"]} if state.final else set())
     return {"start_masks": len(state.starts_names),
             "other_forecaster_starts": sum(h["kind"] == "instant" and "@" in h["mask"] for h in history),
-            "check_evaluations": sum(key not in in_history for key in state.masks)}
+            "check_evaluations": sum(key not in in_history for key in state.masks),
+            "fresh_evaluations": len(state.fresh or {})}
 
 
 def budget_floor(forecast: str, degree: int) -> dict:
@@ -264,7 +267,8 @@ def run_n(n_steps, args, objective, lpips_net, harness_factory=None) -> dict:
                      "evals_to_0.3dB": convergence(res, h, eval_seeds, m["psnr"]),
                      "forecast_won": searched.provenance["won"], "forecast_chosen": searched.provenance["chosen"],
                      "forecast_forecaster": searched.forecast,
-                     "polish_accepted": searched.provenance["polish"]["accepted"], **forecast_cost(sstate)})
+                     "polish_accepted": searched.provenance["polish"]["accepted"], **forecast_cost(sstate),
+                     "fresh_replaced": bool(searched.provenance.get("fresh_seeds", {}).get("replaced"))})
     floors = {fc: budget_floor(fc, args.degree) for fc in sorted(set(auto_forecaster.values()))}
     return {"N": n_steps, "rows": rows, "cost": cost, "ks": ks_of(n_steps), "auto_forecaster": auto_forecaster,
             "polish_runs": polish_runs, "budget_floor": floors}
@@ -332,6 +336,9 @@ def report(out: dict, objective_name: str, lpips: bool) -> dict:
     print("forecast search: start masks " + ", ".join(f"K={c['K']}: {c['start_masks']} ({c['other_forecaster_starts']} "
                                                     f"under another forecaster)" for c in cost)
           + "; forecaster check evaluations " + ", ".join(f"K={c['K']}: {c['check_evaluations']}" for c in cost)
+          + "; fresh-seed evaluations " + ", ".join(f"K={c['K']}: {c['fresh_evaluations']}"
+                                                    f"{' (replaced the pick)' if c['fresh_replaced'] else ''}"
+                                                    for c in cost)
           + "; least budget " + ", ".join(f"{fc}: {v['with_other_forecasters']} (own start masks only: "
                                                    f"{v['own_start_masks_only']})" for fc, v in out["budget_floor"].items()))
     gp_end = [c["gp_s_per_iter_end"] for c in cost if c["gp_s_per_iter_end"] is not None]
@@ -350,7 +357,8 @@ def report(out: dict, objective_name: str, lpips: bool) -> dict:
             "evaluations": sum(c["evaluations"] for c in cost),
             "gp_seconds_per_iter_at_end": max(gp_end) if gp_end else None, "objective": objective_name,
             "forecast_search_cost": {str(c["K"]): {k: c[k] for k in ("start_masks", "other_forecaster_starts",
-                                                                      "check_evaluations")} for c in cost},
+                                                                      "check_evaluations", "fresh_evaluations",
+                                                                      "fresh_replaced")} for c in cost},
             "budget_floor": out["budget_floor"],
             "evals_to_within_0.3dB": [c["evals_to_0.3dB"] for c in cost]}
 

@@ -62,7 +62,10 @@ class GCacheSearch(io.ComfyNode):
                 io.Int.Input("seed", default=0, min=0, max=0xffffffffffffffff, control_after_generate=False,
                              tooltip="First noise seed of the reference runs (also seeds the search)."),
                 io.Int.Input("seeds", default=1, min=1, max=64,
-                             tooltip="Number of reference runs (seed, seed+1, …); the loss is their mean."),
+                             tooltip="Number of reference runs (seed, seed+1, …); the loss is their mean. A "
+                                     "search with a profile-fitted forecaster also samples as many fresh seeds "
+                                     "(seed+seeds, …) at the end, to choose among its finalists on seeds it never "
+                                     "judged a mask on."),
                 io.Int.Input("steps", default=20, min=2, max=1000, tooltip="Sampler steps N."),
                 io.Float.Input("cfg", default=1.0, min=0.0, max=100.0, step=0.1, round=0.01,
                                tooltip="Classifier-free guidance scale, as in your KSampler."),
@@ -80,8 +83,9 @@ class GCacheSearch(io.ComfyNode):
                                        "233 MB, is downloaded on first use), 1 − SSIM, or −PSNR (no weights)."),
                 io.Combo.Input("forecast", options=list(cc.FORECAST), default="reuse (0)", optional=True,
                                tooltip="The forecaster every candidate mask is judged with (forecast masks differ "
-                                       "from reuse masks). With a profile-fitted one, the chosen mask is also tried "
-                                       "under the other profile-fitted forecaster and the policy takes the better. "
+                                       "from reuse masks). With a profile-fitted one, every profile-fitted "
+                                       "forecaster's masks are searched too, and the finalists are compared on fresh "
+                                       "seeds. "
                                        "Forecasting records the reference runs' forecast errors too (a connected "
                                        "profile needs them).", **cc.ADVANCED),
                 io.String.Input("policy_name", default="my_policy",

@@ -62,7 +62,8 @@ def test_quality_bench_runs(tiny_model, capsys):
         assert at[(int(k), f"{fc}_auto_mask")] == at[(int(k), "instant_auto")]
         assert {"instant_l2p", "l2p_auto_mask", "reuse_auto_mask"} <= {m for (kk, m) in at if kk == int(k)}
         cost = out["forecast_search_cost"][k]
-        assert cost["start_masks"] >= cost["other_forecaster_starts"] >= 0 and cost["check_evaluations"] >= 0
+        assert cost["start_masks"] >= cost["other_forecaster_starts"] >= 0 and cost["check_evaluations"] >= 0 \
+            and cost["fresh_evaluations"] in (0, 2, 3) and isinstance(cost["fresh_replaced"], bool)
     assert all(v["with_other_forecasters"] >= v["own_start_masks_only"] for v in out["budget_floor"].values())
     for k in ("2", "3", "4"):  # the forecast keys are the differences of the rows they name
         fit = at[(int(k), "instant_fitted")] - at[(int(k), "instant_linear")]
