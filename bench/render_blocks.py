@@ -366,8 +366,9 @@ def quality_bullets(results) -> str:
     lines.append("What it cost (JSON `forecast_search_cost`): " + " / ".join(
         str(c["other_forecaster_starts"]) for c in cost.values()) + " of its " + " / ".join(
         str(c["start_masks"]) for c in cost.values()) + " start masks under another forecaster, and " + " / ".join(
-        str(c["check_evaluations"]) for c in cost.values()) + " forecaster-check evaluations after the budget, at K = "
-        + k_list(results) + "; the least budget at degree 3 is " + ", ".join(
+        str(c["check_evaluations"]) for c in cost.values()) + " forecaster-check evaluations and " + " / ".join(
+        str(c.get("fresh_evaluations", 0)) for c in cost.values()) + " evaluations on the fresh seeds (beside their "
+        "full-compute runs) after the budget, at K = " + k_list(results) + "; the least budget at degree 3 is " + ", ".join(
             f"{v['with_other_forecasters']} for {fc} ({v['own_start_masks_only']} with its own start masks only)"
             for fc, v in floor.items()) + ".")
     lines.append(f"Reuse search − best other reusing method: {per_k(res['search_minus_best_other_psnr'])} dB (JSON "
@@ -399,6 +400,20 @@ def wrap_bullet(text: str, width: int = 116) -> str:
             cur = f"{cur} {w}" if cur not in ("  ",) else cur + w
     lines.append(cur)
     return "\n".join(lines)
+
+
+@block("quality_64.fresh")
+def fresh_prose(results) -> str:
+    """The final choice on fresh seeds at budget 64: where it replaced the check's pick, and the issue's margin."""
+    res = results("quality_64")
+    cost, fvs = res["forecast_search_cost"], res["forecast_search_minus_best_other_psnr"]
+    replaced = [k for k, c in cost.items() if c.get("fresh_replaced")]
+    return (f"at budget 64 ({str(results.record('quality_64')['date'])[:10]}, `bench/quality.py --quick --budget 64 "
+            f"--gp-seeds 0`) it sampled " + " / ".join(str(c.get("fresh_evaluations", 0)) for c in cost.values())
+            + f" finalists on the fresh seeds at K = {' / '.join(cost)} of 30 and replaced the pick at "
+            + (f"K = {', '.join(replaced)}" if replaced else "no K") + "; the forecast search minus the best row "
+            "that is no search (every forecaster's instant policy on its own DP mask and on auto's) was then "
+            + " / ".join(f"{num(v['margin_db'], '+.2f')}" for v in fvs.values()) + " dB held-out")
 
 
 @block("quality_quick.forecast_table")

@@ -1,5 +1,5 @@
 """The final choice on fresh seeds: the search's pick against the best candidate of every other profile-fitted
-forecaster, each sampled on seeds the search never judged a mask on; the lowest loss there wins.
+forecaster, each sampled on seeds the search never judged a mask on; a finalist clearly better there wins.
 
 Why: a search's pick is the lowest of some 60 losses on its own seeds, so its loss there is the most flattered of
 them, and which forecaster suits a mask differs from seed to seed. On the reference model (bench/quality.py, K = 15
@@ -15,7 +15,10 @@ images would (up to the seeds' noise).
 - Seeds (`fresh_seeds`): as many as the search's, the next ones after its largest (GCache Search: seed + n … seed +
   2n − 1), each with its full-compute image. Cost, after the budget: the fresh seeds' full-compute runs and one
   evaluation per finalist (at most 1 + the number of profile-fitted forecasters; 3 today).
-- Rule: the lowest mean loss on the fresh seeds; the search's pick keeps a tie.
+- Rule (paired.py FRESH): a finalist replaces the pick when its paired gain over the pick on the fresh seeds is
+  beyond FRESH_Z = 1 standard error (without per-seed losses of 2+ seeds: a lower mean loss); of several, the lowest
+  fresh loss. The pick has won the whole search, so a challenger must show more than a lower mean on 16 seeds: the
+  lowest fresh loss alone replaced it twice wrongly of three times (paired.py).
 - The results go into the state file ("fresh"), so a resumed search measures nothing twice. A state file made before
   this choice has no "fresh" entry and resumes without it, as it was searched.
 - An evaluation that can't sample fresh seeds (executor.py, can_sample_fresh: Ray actors, ComfyUI workers, a plain
@@ -27,6 +30,7 @@ import logging
 import math
 from typing import Any, Callable, Optional, Sequence
 
+from .paired import FRESH
 from .state import SearchState, forecaster_of, loss_of, mask_of, split_key
 
 log = logging.getLogger("gcache")
@@ -93,7 +97,8 @@ def run(state: SearchState, keys: list, measure: Optional[Callable[[list, Option
         return out
     out["losses"] = {k: fresh[k]["loss"] for k in measured}
     out["seeds"] = len(fresh[keys[0]].get("per_seed") or []) or None
-    out["key"] = min(measured, key=lambda k: (fresh[k]["loss"], keys.index(k)))
+    better = [k for k in measured[1:] if FRESH.decide(fresh[k], fresh[keys[0]], state.seed)]
+    out["key"] = min(better, key=lambda k: (fresh[k]["loss"], keys.index(k))) if better else keys[0]
     log.info("GCache Search: final choice on %s: %s; %s.",
              f"{out['seeds']} fresh seeds" if out["seeds"] else "the fresh seeds",
              ", ".join(f"{forecaster_of(k, own)} {'(the pick) ' if k == keys[0] else ''}loss {fresh[k]['loss']:.5g} "

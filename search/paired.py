@@ -31,6 +31,8 @@ The rules of one search, each with the measurement behind it:
         the chosen one and the next ones the choice accepts whose loss the seeds can't tell from the chosen one's
         (the chosen one's paired gain over them within CHECK_Z = 2 standard errors, the margin of the final choice
         before it was measured), at most forecaster_check.CHECK_MOST of them.
+    final choice on fresh seeds (FRESH, fresh_choice.py)  when another finalist replaces the check's pick
+        a paired gain on the fresh seeds beyond FRESH_Z = 1 standard error: below.
 
 Guard names are stored in state files ("polish": {"guard": …}): SAVED_GUARDS is their registry (state.py checks a
 file's name against it, polish.py looks its rule up there).
@@ -54,6 +56,12 @@ POLISH_Z = 0.674  # the normal's 75 % point: a null move's paired gain is beyond
 CHOICE_Z = 0.0
 CHAIN_Z = 0.0  # the end of a chain of accepted polish moves: any lower loss (bench/polish_choice.py)
 CHECK_Z = 2.0  # a mask the chosen one beats by less than this many standard errors could have been chosen instead
+# The final choice on fresh seeds (fresh_choice.py): a finalist replaces the search's pick when its paired gain on the
+# fresh seeds is beyond this many standard errors (a finalist no better passes 1 time in 6). On the reference model
+# (bench/quality.py --budget 64, K = 8 / 15 / 20 of 30, 16 fresh seeds; 2026-11-28) the lowest fresh loss alone
+# replaced the pick three times: at z = 2.04 (K = 15: +0.93 dB held-out, +0.23 on 32 more seeds), at 0.50 (K = 8:
+# −0.12 and −0.10 dB) and at 0.55 (K = 20: −0.68 and −1.17 dB).
+FRESH_Z = 1.0
 
 
 def per_seed(entry: Optional[dict]) -> Optional[np.ndarray]:
@@ -122,6 +130,7 @@ POLISH = beyond_z(POLISH_Z, "z")
 CHOICE = beyond_z(CHOICE_Z, "choice")
 CHAIN = beyond_z(CHAIN_Z, "chain")
 CHECK_NEAR = beyond_z(CHECK_Z, "check window")  # the chosen mask is clearly better than the other: not checked
+FRESH = beyond_z(FRESH_Z, "fresh")
 
 # The polish guards a search may ask for (SearchConfig.polish_guard), and what a state file may hold.
 GUARDS = {"halves": HALVES, "z": POLISH}

@@ -70,6 +70,19 @@ def test_the_finalists_and_the_winner_by_hand():
     assert len(calls) == 2 and again["key"] == d and again["evaluations"] == 0
 
 
+def test_a_lower_fresh_loss_within_one_standard_error_keeps_the_pick():
+    """D's fresh mean is lower (0.95 against 1.0) but its paired gain is 0.05 with a standard error of 0.21 (z = 0.24,
+    paired.py FRESH_Z = 1): the pick stays. E, with a gain of 0.3 ± 0.0 on every seed, replaces it."""
+    a, d, e = "1111100000", "1011110000@l2p", "1101110000@l2p"
+    st = _state({a: [1.0] * 4, d: [1.1] * 4, e: [1.2] * 4}, [a, d, e])
+    fresh = {a: [1.0, 1.0, 1.0, 1.0], d: [0.5, 1.4, 0.6, 1.3], e: [0.7, 0.7, 0.7, 0.7]}
+
+    def measure(mask, fc):
+        return fresh["".join(map(str, mask)) + (f"@{fc}" if fc else "")]
+    assert fresh_choice.run(st, [a, d], measure, "fitted")["key"] == a
+    assert fresh_choice.run(st, [a, d, e], measure, "fitted")["key"] == e
+
+
 def test_a_tie_keeps_the_pick_and_no_measure_says_why():
     a, d = "1111100000", "1011110000@l2p"
     st = _state({a: [1.0], d: [1.1]}, [a, d])

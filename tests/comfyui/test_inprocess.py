@@ -178,7 +178,8 @@ def test_k_equal_to_steps_is_refused_before_any_sampling(built, gcache_dir, monk
 def test_a_fitted_search_measures_l2p_too_in_comfyui(built, gcache_dir, caplog):
     """GCache Search with the profile-fitted forecaster: its reference runs record the forecast statistics, the
     search's evaluate applies l2p to l2p's start masks and to the best masks under the other forecaster (the
-    forecaster check), the saved policy is the lowest loss of them, and GCache Apply runs the saved policy."""
+    forecaster check), the finalists are sampled on fresh seeds and the saved policy is the lowest loss there, and
+    GCache Apply runs the saved policy."""
     import json
     from gcache_test_pack import FakeVAE
     m, pos, neg, lat = built["flux"]
@@ -190,13 +191,23 @@ def test_a_fitted_search_measures_l2p_too_in_comfyui(built, gcache_dir, caplog):
     bits = "".join(map(str, policy.mask))
     key = bits if policy.forecast == "fitted" else f"{bits}@{policy.forecast}"
     assert state["done"] and state["version"] == 4 and any(h["mask"].endswith("@l2p") for h in state["history"])
-    checked = state["forecasters"]  # the candidate the policy came from, and it under the other forecaster
+    checked = state["forecasters"]  # the check's candidate, and it under the other forecaster
     base = checked["mask"].partition("@")[2] or "fitted"
-    assert checked["mask"].partition("@")[0] == bits and set(checked["results"]) == {"fitted", "l2p"} - {base}
+    assert set(checked["results"]) == {"fitted", "l2p"} - {base}
     assert all(len(r["per_seed"]) == 2 for r in checked["results"].values())
     assert "8 steps; forecast l2p, 4 residuals kept per branch" in caplog.text  # sampled under l2p
     assert policy.forecast in ("fitted", "l2p") and policy.metrics["loss"] == state["masks"][key]["loss"]
-    assert policy.metrics["loss"] <= min(h["loss"] for h in state["history"] if h["kind"] == "instant")
+    # the final choice on fresh seeds: seeds 2 and 3 (seed 0, 2 seeds), full-compute images first, 2 or 3 finalists
+    fresh = state["fresh"]["masks"]
+    assert "full-compute images of 2 fresh seeds (2, 3)" in caplog.text and 2 <= len(fresh) <= 3
+    assert all(len(r["per_seed"]) == 2 for r in fresh.values())
+    assert key in fresh and fresh[key]["loss"] == min(r["loss"] for r in fresh.values())
+    assert {k.partition("@")[2] or "fitted" for k in fresh} == {"fitted", "l2p"}  # each forecaster's best
+    prov = policy.provenance["fresh_seeds"]
+    assert prov["seeds"] == 2 and set(prov["losses"]) == set(fresh)
+    if not prov["replaced"]:  # the check's pick: the lowest loss on the search seeds of its candidates
+        assert checked["mask"].partition("@")[0] == bits
+        assert policy.metrics["loss"] <= min(h["loss"] for h in state["history"] if h["kind"] == "instant")
     saved = Policy.load(str(gcache_dir / "fc1.json"))
     assert saved.forecast == policy.forecast and saved.forecast_params == policy.forecast_params
     folder_paths.filename_list_cache.clear()
