@@ -350,7 +350,8 @@ def quality_bullets(results) -> str:
     lines.append(polish + f". At the default budget 64 (`bench/polish_guard.py --budget 64`): {per_k(g64)} dB.")
     switched = [k for k in kk if rows[(k, "gcache_forecast")].get("forecaster") not in (None, res["auto_forecaster"][str(k)])]
     if switched:
-        lines.append(f"The forecaster check moved the searched policy to another forecaster at K = "
+        lines.append(f"The forecaster check or the final choice on fresh seeds moved the searched policy to another "
+                     f"forecaster at K = "
                      f"{', '.join(map(str, switched))} (in brackets in the table; [search](search.md#what-it-does)).")
     fvs = res["forecast_search_minus_best_other_psnr"]
     lines.append("Forecast search − the best row that is no search (every forecaster's instant policy on its own DP "
@@ -412,7 +413,8 @@ def fresh_prose(results) -> str:
             f"--gp-seeds 0`) it sampled " + " / ".join(str(c.get("fresh_evaluations", 0)) for c in cost.values())
             + f" finalists on the fresh seeds at K = {' / '.join(cost)} of 30 and replaced the pick at "
             + (f"K = {', '.join(replaced)}" if replaced else "no K") + "; the forecast search minus the best row "
-            "that is no search (every forecaster's instant policy on its own DP mask and on auto's) was then "
+            "that is no search (every forecaster's instant policy on its own DP mask and on auto's, the baselines, the "
+            "rivals on the searched mask) was then "
             + " / ".join(f"{num(v['margin_db'], '+.2f')}" for v in fvs.values()) + " dB held-out")
 
 
