@@ -34,14 +34,14 @@ def main(argv=None) -> dict:
     a = ap.parse_args(argv)
     if a.k >= a.steps:
         ap.error(f"--k {a.k}: K must be below --steps {a.steps}")
-    require_module(ap, "ray", "The cluster bench", 'install the cluster extra into this Python (README\'s venv: '
-                   '.venv/bin/pip install -e ".[cluster]" from the repository root)')
     from ..core.errors import GCacheError
     from ..search.config import SearchConfig as _Config
-    try:
+    try:  # the arguments first: a bad one is said whether or not Ray is installed
         _Config(k=a.k, budget=a.budget, objective=a.objective).validate_settings()
     except GCacheError as e:  # a budget below the minimum useful one
         ap.error(str(e))
+    require_module(ap, "ray", "The cluster bench", 'install the cluster extra into this Python (README\'s venv: '
+                   '.venv/bin/pip install -e ".[cluster]" from the repository root)')
     import ray
     import torch
     from ..reference_model.cluster import ReferenceWorker

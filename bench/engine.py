@@ -122,7 +122,7 @@ def main(argv=None) -> dict:
         progress.step(f"N={n:3d} K={row['K']:3d} batch={a.batch}: plain {row['plain_s'] * 1e3:.0f} ms/run, "
               f"all-ones overhead {row['overhead_all_ones'] * 100:+.2f}%, speed-up at K=N/2 {row['speedup_half']:.3f}x "
               f"vs ideal {row['ideal_half']:.3f}x (ratio {row['speedup_ratio']:.3f}, io share {row['io_share']:.3f}), "
-              f"profile peak extra {row['profile_peak_extra_mb']:.2f} MB")
+              f"profile peak extra {row['profile_peak_extra_mb']:.2f} MiB")
     us = engine_call_us()
     step_ms = min(r["plain_s"] / r["N"] for r in rows) * 1e3
     print(f"engine cost of one all-ones step: {us:.1f} µs = {us / 10 / step_ms:.3f} % of a {step_ms:.1f} ms step "

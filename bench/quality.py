@@ -120,6 +120,15 @@ def forecast_cost(state) -> dict:
             "fresh_evaluations": len(state.fresh or {})}
 
 
+def least_useful_budget(degree: int) -> int:
+    """The least budget every search of this bench accepts: its reuse search and the forecast search of whichever
+    forecaster auto picks (known only after profiling, so the largest over GCache's own forecasters)."""
+    from ..search.budget import least_budget
+    from ..search.starts import start_count
+    return max([least_budget(start_count("reuse", False), degree)]
+               + [least_budget(start_count(fc, True), degree) for fc in shipped() if _forecasts(fc)])
+
+
 def budget_floor(forecast: str, degree: int) -> dict:
     """The least budget of a search of `forecast` on a profile with forecast statistics, with the other
     profile-fitted forecasters' start masks and without them (search/budget.py)."""
@@ -380,6 +389,10 @@ def main(argv=None, harness_factory=None) -> dict:
                                                              "(e.g. 500)")
     ap.add_argument("--threads", type=whole(1), default=1)
     a = ap.parse_args(argv)
+    least = least_useful_budget(a.degree)
+    if a.budget is not None and a.budget < least:  # before any work: the searches below would refuse it later
+        ap.error(f"--budget {a.budget} is below the minimum useful budget of these searches, {least} (degree "
+                 f"{a.degree}: the start masks of every forecaster the bench may search, and the start grid)")
     minutes = 20 * (a.budget or (48 if a.quick else 64)) / 48 * len([30] if a.quick else a.steps)
     a.progress = lambda total, what: Progress(total, what, expected_s=60 * minutes / max(1, len(a.steps)))
     from ..search.infra.cli import set_threads

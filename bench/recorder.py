@@ -15,6 +15,7 @@ model is stated in core/recorder.py instead.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import io
@@ -22,6 +23,7 @@ import json
 import os
 import pkgutil
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -95,10 +97,36 @@ def record_run(mod, n: int, hs, ds, forecast: bool) -> float:
     return dt / n
 
 
+# What torch.profiler's C++ side (Kineto) writes to the process's stderr at every start and stop, and on a machine
+# without a GPU; the environment's log level does not silence all of it. Other lines pass through.
+KINETO_NOISE = re.compile(r"^(USDT|STAGE|ERROR|WARNING|INFO):\d{4}-\d\d-\d\d [\d:]+ \d+:\d+ \w+\.cpp:\d+\] "
+                          r"(profiler_start|profiler_stop|Completed Stage|gpuGetDeviceCount failed)")
+
+
+@contextlib.contextmanager
+def quiet_profiler_log():
+    """Hold file descriptor 2 (C++ writes there, not to sys.stderr) while profiling; then write back what was not
+    the profiler's own noise."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = [line for line in held.read().decode(errors="replace").splitlines() if not KINETO_NOISE.match(line)]
+            if kept:
+                print("\n".join(kept), file=sys.stderr, flush=True)
+
+
 def op_counts(mod, n: int, hs, ds, forecast: bool) -> dict:
     """How many times each torch operation ran while `mod`'s recorder recorded the run (finish() included)."""
     from torch.profiler import ProfilerActivity, profile
-    with own_inductor_cache(), profile(activities=[ProfilerActivity.CPU]) as prof:
+    with own_inductor_cache(), quiet_profiler_log(), profile(activities=[ProfilerActivity.CPU]) as prof:
         record_run(mod, n, hs, ds, forecast)
     counts: dict = {}
     for e in prof.events():

@@ -38,17 +38,30 @@ class RenderError(Exception):
 
 
 class Results:
-    """The stored records, each loaded once."""
+    """The stored records, each loaded once; `used` collects the runs a marker read (for its stale note)."""
 
     def __init__(self):
         self.cache: dict = {}
+        self.used: set = set()
+        self._stale: dict = {}
 
     def record(self, name: str) -> dict:
         if name not in self.cache:
             if not os.path.exists(store.result_path(name)):
                 raise RenderError(f"no stored result {name}: run `.venv/bin/python -m gcache.bench.runs {name}`")
             self.cache[name] = store.load(name)
+        self.used.add(name)
         return self.cache[name]
+
+    def stale(self, name: str) -> bool:
+        """Whether the run's code changed since its result was stored. A run bench/runs.py does not register (a
+        test's) and the GPU check (whose own sentence says its commit and that the code changed since) never are."""
+        if name not in self._stale:
+            from . import runs
+            run = runs.RUNS.get(name)
+            self._stale[name] = (run is not None and run.needs != "gpu"
+                                 and store.staleness(self.record(name), run.sources) is not None)
+        return self._stale[name]
 
     def __call__(self, name: str):
         return self.record(name)["result"]
@@ -128,22 +141,61 @@ def render_marker(results: Results, name: str) -> str:
     name = name.strip()
     if "/" in name:
         return value(results, name)
-    if name.startswith("cmd."):  # the command a stored result was made by, as a shell block
-        return fenced(results.record(name[4:])["command"], "bash")
+    if name.startswith("cmd."):  # the command a stored result was made by, as a shell block (no figure of it)
+        command_text = results.record(name[4:])["command"]
+        results.used.discard(name[4:])
+        return fenced(command_text, "bash")
     from . import render_blocks  # noqa: F401  (registers the blocks)
     if name not in BLOCKS:
         raise RenderError(f"no block named {name!r} in bench/render_docs.py")
     return BLOCKS[name](results)
 
 
+# A stale result (its code changed since it ran) is still rendered, as what it is: each figure carries a footnote
+# that names the commit it was measured at and says the code changed since; the notes close the page. Fixing code
+# never waits for a rerun of the benches (`python -m gcache.bench.runs --refresh` reruns them when there is time).
+STALE_NOTES = "stale.notes"
+STALE_BLOCK = re.compile(r"\n*<!--gc:stale\.notes-->.*?<!--/gc-->\n?", re.S)
+
+
+def stale_ref(run: str) -> str:
+    return f"[^stale-{run.replace('_', '-').replace('.', '-')}]"
+
+
+def stale_note(results: Results, run: str) -> str:
+    rec = results.record(run)
+    return (f"{stale_ref(run)}: Run {run}, measured on {str(rec.get('date'))[:10]} at commit "
+            f"{str(rec.get('git_commit'))[:7]}; the code it measures has changed since, so its figures may be out of "
+            f"date (`.venv/bin/python -m gcache.bench.runs --refresh` reruns the stale runs).")
+
+
+def with_stale_refs(body: str, runs: list) -> str:
+    """The rendered body with a footnote reference per stale run: after the figure, or under a table or block."""
+    if not runs:
+        return body
+    refs = "".join(stale_ref(r) for r in runs)
+    if "\n" not in body:
+        return body + refs
+    return body.rstrip("\n") + f"\n\n*Code changed since these figures were measured{refs}.*\n"
+
+
 def render_text(text: str, results: Results, where: str = "") -> str:
+    stale_runs: list = []
+
     def one(m: re.Match) -> str:
+        results.used = set()
         try:
             body = render_marker(results, m.group("name"))
+            stale = sorted(r for r in results.used if results.stale(r))
         except RenderError as e:
             raise RenderError(f"{where}: <!--gc:{m.group('name')}-->: {e}") from None
-        return f"<!--gc:{m.group('name')}-->{body}<!--/gc-->"
-    return MARKER.sub(one, text)
+        stale_runs.extend(r for r in stale if r not in stale_runs)
+        return f"<!--gc:{m.group('name')}-->{with_stale_refs(body, stale)}<!--/gc-->"
+    out = MARKER.sub(one, STALE_BLOCK.sub("\n", text).rstrip("\n") + "\n")
+    if stale_runs:  # the notes close the page
+        notes = "\n".join(stale_note(results, r) for r in sorted(stale_runs))
+        out += f"\n<!--gc:{STALE_NOTES}-->\n{notes}\n<!--/gc-->\n"
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ helpers for blocks

@@ -3,7 +3,8 @@ what it needs; and the command that runs them and stores their results in bench/
 
     python -m gcache.bench.runs                    # every run: fresh, stale or missing, its command and duration
     python -m gcache.bench.runs few_steps demo     # run these and store their results
-    python -m gcache.bench.runs --stale            # every stale run this machine can run (the rest are listed)
+    python -m gcache.bench.runs --stale            # what is stale or missing, why, and its estimated minutes
+    python -m gcache.bench.runs --refresh          # rerun every stale run this machine can run (the rest are listed)
     python -m gcache.bench.runs --fast             # the runs CI repeats (deterministic, under a minute each)
     python -m gcache.bench.runs --import gpu_check DIR [--commit C]   # bench/gpu_check.sh's output folder
 
@@ -234,7 +235,8 @@ COLLECTORS: dict[str, Callable] = {"json": collect_json, "demo": collect_demo, "
 def run_and_store(run: Run, python: Optional[str] = None) -> str:
     result, lines, seconds = execute(run, python=python)
     return store.write(run.name, run.command(), result, run.sources, wall_s=seconds,
-                       extra={"python": python} if python else None)
+                       # relative to the clone: an absolute path names this machine, and results are committed
+                       extra={"python": os.path.relpath(python, store.REPO)} if python else None)
 
 
 # ------------------------------------------------------------------------------------------- what CI compares
@@ -279,6 +281,25 @@ def status(run: Run) -> str:
     return "fresh" if why is None else "stale"
 
 
+def stale_listing() -> str:
+    """Every stale or missing run: why, its estimated minutes, whether this machine can run it; and the total."""
+    rows, total = [], 0.0
+    for run in RUNS.values():
+        if not os.path.exists(store.result_path(run.name)):
+            why = "no stored result"
+        else:
+            why = store.staleness(store.load(run.name), run.sources)
+            if why is None:
+                continue
+        lack = missing_need(run)
+        total += 0 if lack else run.minutes
+        rows.append(f"{run.name:<20} ~{run.minutes:g} min  {why}" + (f"\n    not here: {lack}" if lack else ""))
+    if not rows:
+        return "every stored result is fresh"
+    return "\n".join(rows + [f"{len(rows)} stale or missing; about {total:g} min to refresh what this machine can "
+                             "run: .venv/bin/python -m gcache.bench.runs --refresh"])
+
+
 def listing() -> str:
     rows = []
     for run in RUNS.values():
@@ -291,7 +312,8 @@ def listing() -> str:
 def main(argv=None) -> int:
     ap = BenchParser("gcache.bench.runs", __doc__)
     ap.add_argument("names", nargs="*", help="runs to execute and store (default: list them)")
-    ap.add_argument("--stale", action="store_true", help="every stale or missing run this machine can run")
+    ap.add_argument("--stale", action="store_true", help="list the stale or missing runs, why, and their minutes")
+    ap.add_argument("--refresh", action="store_true", help="rerun every stale or missing run this machine can run")
     ap.add_argument("--fast", action="store_true", help="the runs CI repeats")
     ap.add_argument("--import", dest="import_", nargs=2, metavar=("NAME", "FOLDER"),
                     help="store the output folder of a run made elsewhere (gpu_check)")
@@ -315,17 +337,26 @@ def main(argv=None) -> int:
         made = {"date": result["machine"][0], "machine": {"gpu": result["machine"][1:2], "software": result["machine"][2:]}}
         print(store.write(name, run.command(), result, run.sources, commit=a.commit, extra=made))
         return 0
-    if not (a.names or a.stale or a.fast):
+    if a.stale:
+        print(stale_listing())
+        return 0
+    if not (a.names or a.refresh or a.fast):
         print(listing())
         return 0
     todo = [RUNS[n] for n in a.names] or [r for r in RUNS.values() if (r.fast if a.fast else status(r) != "fresh")]
     skipped, failed = [], []
+    runnable = []
     for run in todo:
         lack = None if a.python and run.needs == "comfyui" and os.environ.get("COMFYUI_PATH") else missing_need(run)
         if lack:
             skipped.append(f"{run.name}: {lack}")
-            continue
-        print(f"== {run.name} (about {run.minutes:g} min): {run.command()}", flush=True)
+        else:
+            runnable.append(run)
+    t0, left = time.monotonic(), sum(r.minutes for r in runnable)
+    for i, run in enumerate(runnable, 1):
+        print(f"== [{i}/{len(runnable)}] {run.name} (about {run.minutes:g} min; {(time.monotonic() - t0) / 60:.1f} min "
+              f"elapsed, about {left:g} min left): {run.command()}", flush=True)
+        left -= run.minutes
         try:
             print(f"stored {run_and_store(run, a.python)}", flush=True)
         except RuntimeError as e:

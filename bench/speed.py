@@ -64,22 +64,25 @@ import time
 import torch
 
 from .cli import BenchParser, Progress, check_optional_comfyui, run_main, whole
-from .speed_harness import gb, measure, real_size_predictions, tune_malloc
+from .speed_harness import measure, real_size_predictions, tune_malloc
 
 
 def print_memory_formula(rows: list[dict]) -> None:
     print("profile memory formula at real sizes (predicted from the formula, not measured):")
+
+    def gib(x: float) -> float:  # binary units, as the docs' table
+        return x / 2**30
     for r in rows:
         p = r["profile"]
         low = p["history"] + p["prev_h"]
         kept = "every element" if p["stride"] == 1 else f"1 element in {p['stride']}"
         print(f"  {r['name']}, N={r['N']}, {r['branches']} branch(es), S={r['residual_bytes'] / 2**20:.1f} MiB "
-              f"({kept} kept): held history {gb(p['history']):.3f} GB + prev h {gb(p['prev_h']):.3f} GB = "
-              f"{gb(low):.3f} GB; upper bound with δ {gb(p['delta_batch']):.3f} GB + row temporaries "
-              f"{gb(p['row_temps']):.3f} GB = {gb(p['total']):.3f} GB on the device (--history cpu: "
-              f"{gb(p['history']):.3f} GB host RAM, device <= {gb(p['total'] - p['history'] + p['row_temps'] / 2):.3f} GB"
-              f" incl. the streamed rows); every element kept: {gb(r['profile_unsampled']['total']):.3f} GB; Apply's "
-              f"cache {gb(r['apply_cache_bytes']):.3f} GB")
+              f"({kept} kept): held history {gib(p['history']):.3f} GiB + prev h {gib(p['prev_h']):.3f} GiB = "
+              f"{gib(low):.3f} GiB; upper bound with δ {gib(p['delta_batch']):.3f} GiB + row temporaries "
+              f"{gib(p['row_temps']):.3f} GiB = {gib(p['total']):.3f} GiB on the device (--history cpu: "
+              f"{gib(p['history']):.3f} GiB host RAM, device <= {gib(p['total'] - p['history'] + p['row_temps'] / 2):.3f} GiB"
+              f" incl. the streamed rows); every element kept: {gib(r['profile_unsampled']['total']):.3f} GiB; Apply's "
+              f"cache {gib(r['apply_cache_bytes']):.3f} GiB")
 
 
 def main(argv=None):

@@ -275,7 +275,8 @@ def main(argv=None) -> dict:
     if path:
         for i, part in enumerate(comfyui(a.reruns, a.repeats, modules, progress).values()):
             out[f"comfyui_{i}"] = part
-        out["comfyui_path"] = os.environ["COMFYUI_PATH"]
+        # the tree's folder name only: an absolute path is this machine's, and a result is committed
+        out["comfyui_path"] = os.path.basename(os.path.normpath(os.environ["COMFYUI_PATH"]))
     parts = {key: p for key, p in out.items() if isinstance(p, dict)}
     for p in parts.values():
         print(f"{p['model']}: {_line('io share', p['io_share'])}"

@@ -158,6 +158,9 @@ def check_arguments(a):
     return config, seeds, urls, workflow, profile, provenance
 
 
+PROGRESS_S = 10.0  # seconds between the search's progress lines
+
+
 def _run(a) -> int:
     from ..search.infra.comfyui_worker import ComfyUIWorker
     from ..search.loop import run_batch_search
@@ -179,8 +182,18 @@ def _run(a) -> int:
     try:
         ex.pids(timeout_s=a.start_timeout)
         state = os.path.join(a.out, f"search_state_N{a.steps}_K{a.k}.json")
-        t0 = time.time()
-        res = run_batch_search(profile, config, ex, q=a.q or a.workers, state_path=state, provenance=provenance)
+        t0 = shown = time.time()
+
+        def progress(e):  # a line every ~10 s (a cluster's results come in bursts), and the last one
+            nonlocal shown
+            if e.get("kind") == "final" or time.time() - shown >= PROGRESS_S:
+                shown = time.time()
+                print(f"  iter {e['iteration']:4d}/{e['budget']}  {e.get('kind'):5s} loss {e['loss']:.5f}  "
+                      f"best {e['best_loss']:.5f}  masks {e['evaluations']}  {shown - t0:.0f}s", flush=True)
+        print(f"GCache cluster search N={a.steps} K={a.k}: {a.workers if not a.comfyui else len(urls)} workers "
+              f"started, searching (budget {config.budget})", flush=True)
+        res = run_batch_search(profile, config, ex, q=a.q or a.workers, state_path=state, provenance=provenance,
+                               progress=progress)
     finally:
         ex.close()
     pol = res.policy

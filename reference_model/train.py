@@ -22,6 +22,9 @@ from .model import HERE, WEIGHTS, TinyDiT, TinyDiTConfig, save_model
 SAMPLES = os.path.join(HERE, "samples.png")
 
 
+PROGRESS_S = 10.0  # seconds between progress lines
+
+
 def digits_16() -> tuple[torch.Tensor, torch.Tensor]:
     """1,797 digits, upsampled 8×8 → 16×16 (bilinear) and scaled to [-1, 1]."""
     from sklearn.datasets import load_digits
@@ -71,7 +74,7 @@ def main(argv=None):
     print(f"TinyDiT {n_params / 1e6:.2f} M parameters, {len(x_all)} digits", flush=True)
     start = time.time()
     budget = a.minutes * 60
-    step, losses = 0, []
+    step, losses, shown = 0, [], start
     while step < a.max_steps and time.time() - start < budget:
         frac = min(1.0, (time.time() - start) / budget)
         for g in opt.param_groups:  # warm-up, then cosine over the time budget
@@ -93,8 +96,10 @@ def main(argv=None):
                 pe.lerp_(pm, 1 - decay)
         losses.append(loss.item())
         step += 1
-        if step % 250 == 0:
-            print(f"step {step}  loss {np.mean(losses[-250:]):.4f}  {time.time() - start:.0f}s", flush=True)
+        if time.time() - shown >= PROGRESS_S:  # a line every ~10 s, whatever the machine's speed
+            shown = time.time()
+            print(f"step {step}  loss {np.mean(losses[-250:]):.4f}  {shown - start:.0f}s of {budget:.0f}s",
+                  flush=True)
     secs = time.time() - start
     save_model(ema, a.out, extra={"train_steps": int(prior["train_steps"]) + step,
                                   "train_seconds": round(prior["train_seconds"] + secs, 1), "batch": a.batch,

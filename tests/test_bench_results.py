@@ -3,15 +3,17 @@ code (bench/store.py, bench/render_docs.py, bench/runs.py).
 
 - Every doc equals its rendering: a figure typed over, or a result stored without rendering, fails with the command
   that regenerates the docs.
-- Every registered run has a stored result made by its command from today's code (the hash of the sources it
-  declares): one whose code changed since, or whose figures were typed rather than measured, fails with the command
-  that reruns it.
-- The checks can fail: a changed source is found, a docstring or comment is not; a typed figure is rewritten.
+- Every registered run has a stored result made by its command, at a commit, with measured (not typed) figures.
+  A result whose code changed since is not a failure: the docs render its figures as stale (the commit they were
+  measured at, "changed since"), so a fix never waits for a rerun of the benches.
+- The checks can fail: a changed source is found, a docstring or comment is not; a typed figure is rewritten; a
+  stale figure carries its note and a fresh one none.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 
@@ -34,7 +36,8 @@ def test_every_marker_names_a_value_or_a_block():
         opened, closed = text.count("<!--gc:"), text.count("<!--/gc-->")
         assert opened == closed == len(render_docs.MARKER.findall(text)), f"{path}: unbalanced figure markers"
         for name in re.findall(r"<!--gc:([^>]*?)-->", text):
-            assert "/" in name or name.startswith("cmd.") or name in blocks(), f"{path}: unknown block {name}"
+            assert "/" in name or name.startswith("cmd.") or name in blocks() or name == render_docs.STALE_NOTES, \
+                f"{path}: unknown block {name}"
 
 
 def blocks():
@@ -43,7 +46,7 @@ def blocks():
 
 
 @pytest.mark.parametrize("name", sorted(runs.RUNS))
-def test_the_stored_result_is_fresh(name):
+def test_the_stored_result_was_measured_by_its_command_at_a_commit(name):
     run = runs.RUNS[name]
     path = store.result_path(name)
     assert os.path.exists(path), f"no stored result for {name}: run .venv/bin/python -m gcache.bench.runs {name}"
@@ -51,14 +54,54 @@ def test_the_stored_result_is_fresh(name):
     rerun = f"rerun `{run.command()}` (stored by .venv/bin/python -m gcache.bench.runs {name}" + (
         f", on the machine it needs: {runs.NEEDS[run.needs]})" if run.needs else ")")
     assert record["command"] == run.command(), f"{name}: stored from `{record['command']}`; {rerun}"
-    why = store.staleness(record, run.sources)
-    if run.needs == "gpu" and why is not None and not record.get("transcribed"):
-        # no GPU on the project's machines: a GPU run stays a dated measurement of its commit, and the docs say so
+    commit = record.get("git_commit")
+    assert re.fullmatch(r"[0-9a-f]{40}", str(commit)), f"{name}: no commit it was measured at ({commit!r}); {rerun}"
+    assert not record.get("transcribed"), f"{name}: its figures were typed, not measured; {rerun}"
+    assert record.get("sources") == list(run.sources), f"{name} declares other sources now; {rerun}"
+    if run.needs == "gpu" and store.staleness(record, run.sources) is not None:
+        # the GPU check's own sentence names its commit and says the code changed since
         from gcache.bench import render_blocks
         when = render_blocks.gpu_check_when(render_docs.Results())
-        assert str(record["git_commit"])[:7] in when and "changed since" in when, when
-        return
-    assert why is None, f"{name} is stale: {why}; {rerun}"
+        assert str(commit)[:7] in when and "changed since" in when, when
+
+
+def test_a_stale_figure_is_rendered_as_stale_and_a_fresh_one_is_not(monkeypatch, tmp_path):
+    """The negative control of the rule above: a result whose code changed renders with its commit and 'changed
+    since' under every figure that reads it; the same result, fresh, renders bare; a page with no stale figure has no
+    notes, and rendering is idempotent either way."""
+    (tmp_path / "m.py").write_text("x = 1\n")
+    total, per_file = store.sources_hash(["m.py"], root=str(tmp_path))
+    record = {"date": "2026-01-02 03:04", "git_commit": "abcdef1234567890", "command": "cmd-x", "sources": ["m.py"],
+              "sources_hash": total, "source_files": per_file, "result": {"v": 1.5, "rows": [{"a": 1}]}}
+    monkeypatch.setitem(runs.RUNS, "x", runs.Run("x", "gcache.bench.x", sources=("m.py",)))
+    monkeypatch.setattr(store, "REPO", str(tmp_path))
+    text = "V <!--gc:x/v|.1f-->0<!--/gc--> on <!--gc:x/@date--><!--/gc-->.\n\n<!--gc:cmd.x-->\n<!--/gc-->\n"
+
+    def render():
+        results = render_docs.Results()
+        results.cache["x"] = record
+        return render_docs.render_text(text, results)
+    fresh = render()
+    assert "V <!--gc:x/v|.1f-->1.5<!--/gc-->" in fresh and "stale" not in fresh
+    (tmp_path / "m.py").write_text("x = 2\n")
+    stale = render()
+    assert "<!--gc:x/v|.1f-->1.5[^stale-x]<!--/gc-->" in stale and "2026-01-02[^stale-x]" in stale
+    assert "```bash\ncmd-x\n```\n<!--/gc-->" in stale  # a command is no figure
+    notes = stale[stale.index("<!--gc:stale.notes-->"):]
+    assert "[^stale-x]: Run x, measured on 2026-01-02 at commit abcdef1" in notes and "changed since" in notes
+    results = render_docs.Results()
+    results.cache["x"] = record
+    assert render_docs.render_text(stale, results) == stale  # idempotent
+    (tmp_path / "m.py").write_text("x = 1\n")
+    results = render_docs.Results()
+    results.cache["x"] = record
+    assert render_docs.render_text(stale, results) == fresh  # fresh again: the notes go
+
+
+def test_a_stale_table_gets_its_note_under_it():
+    body = render_docs.with_stale_refs("\n| a |\n|---|\n| 1 |\n", ["quality_64"])
+    assert body.endswith("\n\n*Code changed since these figures were measured[^stale-quality-64].*\n")
+    assert render_docs.with_stale_refs("1.5", []) == "1.5"
 
 
 def test_every_stored_result_is_a_registered_run():

@@ -41,7 +41,7 @@ except ImportError:  # pragma: no cover
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(REPO, "README.md")
-README_LIMIT = 10_240  # bytes: the front door stays short; everything else goes to docs/
+README_LIMIT = 10_000  # bytes (10 KB): the front door stays short; everything else goes to docs/
 SHELL_LANGS = {"bash", "sh", "shell", "console"}
 ALLOWED_TOOLS = {"cd", "git", "comfy", "bash", "grep", "cp", "mkdir"}  # beyond Python/pip: checked below
 VENV_TOOLS = {"ray": "cluster"}  # commands an extra installs into README's venv (.venv/bin/<tool>): the extra
@@ -457,7 +457,13 @@ def check_links(path: str, text: str, base: str) -> list[str]:
 
 
 def test_readme_is_at_most_10_kb():
-    size = os.path.getsize(README)
+    """What the writers wrote: the notes rendered under stale figures (bench/render_docs.py) don't count, or a code
+    change would push README over its limit before its benches run again."""
+    from gcache.bench import render_docs
+    text = open(README, encoding="utf-8").read()
+    text = re.sub(r"\[\^stale-[\w-]+\]", "", render_docs.STALE_BLOCK.sub("\n", text))
+    text = text.replace("\n\n*Code changed since these figures were measured.*", "")
+    size = len(text.encode("utf-8"))
     assert size <= README_LIMIT, f"README.md is {size} bytes; keep it ≤ {README_LIMIT} and move details to docs/"
 
 

@@ -18,7 +18,7 @@ classes), "stacks" (the block containers, in call order), "loop" (the method hol
 loop passes as args["img"] / the block's token argument, and transformer_options["img_slice"]), "returns" (what the
 loop reads back), "block_index" (whether the loop sets transformer_options block_index/total_blocks/block_type),
 "inplace" (whether the blocks add into their token input in place), "between_blocks" (what the loop adds to the
-stream between blocks) and "notes". Written against ComfyUI 0.33.0 (/work/comfy-0.33.0).
+stream between blocks) and "notes". Written against ComfyUI 0.33.0.
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ take tens of seconds. FIRST_BLOCK: the first block module the model's loop calls
 block-stack runs), except for NO_PRE_HOOK models, whose loop calls block methods directly. FACTS: per family, what
 its block loop does (class, mro, loop, route + keys, img, returns, block_index, inplace, between_blocks, prefetch,
 notes), read from ComfyUI 0.33's source (file:line under comfy/ldm/ unless noted) and checked by sampling with a
-probe dit patch on every block. Write-up: /work/notes/families_video.md.
+probe dit patch on every block.
 """
 from __future__ import annotations
 
