@@ -11,9 +11,9 @@ The rules of one search, each with the measurement behind it:
 
     polish guard (GUARDS, SearchConfig.polish_guard)  which polish moves are kept over their parent
         "z"      the paired gain beyond POLISH_Z = 0.674 standard errors (the normal's 75 % point: a move that changes
-                 nothing passes 1 time in 4, as often as under "halves"). bench/polish_guard.py on the reference model:
-                 better than "halves" in 11 and worse in 2 of 30 searches (budgets 48 and 64; 2026-11-28, with every
-                 profile-fitted forecaster's start masks: 8 and 2).
+                 nothing passes 1 time in 4, as often as under "halves"). bench/polish_guard.py on the reference model, 30
+                 searches at budgets 48 and 64 against "halves": bench/results/polish_guard_48.json and
+                 polish_guard_64.json, rendered in docs/search.md.
         "halves" both fixed halves of the seeds (split at random by the search seed) improve: the earlier guard.
         "mean"   what either becomes without per-seed losses of 2+ seeds: a lower mean loss.
     final choice (CHOICE, choice.py)  when a searched mask may replace the best start mask
@@ -25,8 +25,8 @@ The rules of one search, each with the measurement behind it:
         48 and 64 and better in 4, by +0.35 to +1.12 dB held-out. (Under CHOICE_Z = 0 every chain that lowers the loss
         passes the choice's own rule; the chain counts for the stricter rules the benches compare.)
     forecaster check (forecaster_check.RULES)  when another forecaster takes over the chosen mask
-        "halves": bench/forecaster_check.py, 3 switches in 15 searches, none below keeping the search's forecaster
-        (2026-11-28, on the candidate the search returned: 2 switches, none below keeping its forecaster).
+        "halves": bench/forecaster_check.py, 15 searches, the switches and their held-out gains over keeping the
+        candidate's forecaster in bench/results/forecaster_check.json, rendered in docs/search.md.
     which masks the check looks at (CHECK_NEAR, forecaster_check.could_return)  those the final choice could return
         the chosen one and the next ones the choice accepts whose loss the seeds can't tell from the chosen one's
         (the chosen one's paired gain over them within CHECK_Z = 2 standard errors, the margin of the final choice
