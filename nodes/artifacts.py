@@ -147,6 +147,25 @@ def differs(a: Policy, b: Policy) -> list[str]:
     return out
 
 
+def fresh_evidence(p: Policy):
+    """(the fresh seeds, the loss on them) of a searched policy whose final choice sampled fresh seeds, else None."""
+    seeds, loss = (p.provenance.get("fresh_seeds") or {}).get("seeds"), p.metrics.get("fresh_loss")
+    return (list(seeds), loss) if seeds and isinstance(loss, (int, float)) else None
+
+
+def ranking_losses(new: Policy, old: Policy) -> tuple[float, float, str]:
+    """(new's loss, old's loss, the evidence they are) for two searched policies measured on the same references.
+    The search ranks its own finalists by their loss on fresh seeds (search/fresh_choice.py: the loss on the seeds it
+    searched on flatters the mask it chose most), so two policies are ranked the same way where both have a loss on
+    the same fresh seeds; otherwise by the search-seed loss, and the log says so."""
+    a, b = fresh_evidence(new), fresh_evidence(old)
+    if a and b and a[0] == b[0]:
+        return a[1], b[1], f"on the {len(a[0])} fresh seeds its final choice sampled"
+    why = "neither has a loss on fresh seeds" if not (a or b) else "only one has a loss on fresh seeds" \
+        if not (a and b) else "they have different fresh seeds"
+    return new.metrics["loss"], old.metrics["loss"], f"on the search seeds ({why} to rank them by)"
+
+
 @dataclass(frozen=True)
 class Kept:
     """What save_searched did: the policy now in the file (auto applies it) and what the log says about it."""
@@ -174,14 +193,14 @@ def save_searched(path: str, policy: Policy) -> Kept:
                        f"{os.path.basename(set_aside(path))}"
         if old is not None:
             other = differs(old, policy)
-            new_loss, old_loss = policy.metrics.get("loss"), old.metrics.get("loss")
-            if not other and old_loss <= new_loss:
-                return Kept(old, False, f"kept the policy an earlier search saved as {name}: on the same seeds and "
-                                        f"reference images its loss {old_loss:.6g} is not higher than this search's "
-                                        f"{new_loss:.6g}")
             if not other:
-                note = f"it replaces the policy an earlier search saved there: on the same seeds and reference " \
-                       f"images its loss {new_loss:.6g} is lower than that one's {old_loss:.6g}"
+                new_loss, old_loss, evidence = ranking_losses(policy, old)
+                if old_loss <= new_loss:
+                    return Kept(old, False, f"kept the policy an earlier search saved as {name}: on the same "
+                                            f"reference images, {evidence}, its loss {old_loss:.6g} is not higher "
+                                            f"than this search's {new_loss:.6g}")
+                note = f"it replaces the policy an earlier search saved there: on the same reference images, " \
+                       f"{evidence}, its loss {new_loss:.6g} is lower than that one's {old_loss:.6g}"
             else:
                 aside = os.path.basename(set_aside(path, "replaced"))
                 note = f"the policy an earlier search saved there was measured on another {', '.join(other)}, so " \
