@@ -7,7 +7,7 @@ import math
 import os
 import re
 
-from .render_docs import BLOCKS, RenderError, block, db, fenced, joined, num, table
+from .doc_text import BLOCKS, RenderError, block, db, fenced, joined, num, table
 
 GIB = 2 ** 30
 MIB = 2 ** 20
@@ -215,11 +215,8 @@ def gpu_check_age(rec: dict) -> str:
     sources = runs.RUNS["gpu_check"].sources
     if store.staleness(rec, sources) is None:
         return ""
-    _, now = store.sources_hash(sources)
-    old = rec.get("source_files", {})
-    changed = sorted(f for f in set(old) | set(now) if old.get(f) != now.get(f))
-    return (f" (the code it times has changed since in {len(changed)} of its {len(now)} files: these are that "
-            "commit's figures until it runs on a GPU again)")
+    # no count of the files changed: it would move with every change to core/ and make the docs differ
+    return " (the code it times has changed since: these are that commit's figures until it runs on a GPU again)"
 
 
 @block("gpu_check.table")

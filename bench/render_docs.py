@@ -20,21 +20,16 @@ import glob
 import os
 import re
 import sys
-from typing import Callable
 
-from . import store
+from . import render_blocks, store  # render_blocks registers the blocks
 from .cli import BenchParser
+from .doc_text import BLOCKS, RenderError, fenced, joined, num  # noqa: F401  (RenderError: callers catch it here)
 
 MARKER = re.compile(r"<!--gc:(?P<name>[^>]*?)-->(?P<body>.*?)<!--/gc-->", re.S)
-BLOCKS: dict[str, Callable] = {}
 
 
 def doc_files() -> list[str]:
     return [os.path.join(store.REPO, "README.md")] + sorted(glob.glob(os.path.join(store.REPO, "docs", "*.md")))
-
-
-class RenderError(Exception):
-    pass
 
 
 class Results:
@@ -68,18 +63,6 @@ class Results:
 
 
 # ------------------------------------------------------------------------------------------------ values
-def num(value, spec: str = "") -> str:
-    """A number in the docs' style: Python's format, with a minus sign (−) rather than a hyphen."""
-    if isinstance(value, str):
-        return value
-    text = format(value, spec) if spec else str(value)
-    return text.replace("-", "−") if not text.startswith(("e", "E")) else text
-
-
-def joined(values, spec: str = "", sep: str = " / ") -> str:
-    return sep.join(num(v, spec) for v in values)
-
-
 SEGMENT = re.compile(r"([^.\[\]]+)|\[([^\]]*)\]")
 
 
@@ -130,13 +113,6 @@ def value(results: Results, expr: str) -> str:
     return num(v, spec)
 
 
-def block(name: str):
-    def register(fn):
-        BLOCKS[name] = fn
-        return fn
-    return register
-
-
 def render_marker(results: Results, name: str) -> str:
     name = name.strip()
     if "/" in name:
@@ -145,7 +121,6 @@ def render_marker(results: Results, name: str) -> str:
         command_text = results.record(name[4:])["command"]
         results.used.discard(name[4:])
         return fenced(command_text, "bash")
-    from . import render_blocks  # noqa: F401  (registers the blocks)
     if name not in BLOCKS:
         raise RenderError(f"no block named {name!r} in bench/render_docs.py")
     return BLOCKS[name](results)
@@ -198,40 +173,6 @@ def render_text(text: str, results: Results, where: str = "") -> str:
     return out
 
 
-# ------------------------------------------------------------------------------------------------ helpers for blocks
-def table(header: list, rows: list) -> str:
-    """A markdown table as a block (blank-line separated from the markers)."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n" + "\n".join(lines) + "\n"
-
-
-def fenced(text: str, lang: str = "") -> str:
-    return f"\n```{lang}\n{text}\n```\n"
-
-
-def command(results: Results, run: str) -> str:
-    return results.record(run)["command"]
-
-
-def date(results: Results, run: str) -> str:
-    return str(results.record(run)["date"])[:10]
-
-
-def best(values: dict, keys) -> str:
-    """The key with the largest value among keys (None values left out)."""
-    present = [k for k in keys if values.get(k) is not None]
-    return max(present, key=lambda k: values[k]) if present else ""
-
-
-def bold_if(text: str, cond: bool) -> str:
-    return f"**{text}**" if cond else text
-
-
-def db(v, spec: str = ".2f") -> str:
-    return "—" if v is None else num(v, spec)
-
-
 # ------------------------------------------------------------------------------------------------ the command
 def render_all(write: bool) -> list[str]:
     """Render every doc; returns the docs that differed (and, when write, were rewritten)."""
@@ -274,6 +215,5 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":  # run the package's module (bench/render_blocks.py registers its blocks there)
-    from . import render_docs as _module
-    sys.exit(_module.main())
+if __name__ == "__main__":
+    sys.exit(main())

@@ -86,3 +86,12 @@ def test_every_install_hint_names_a_venvs_pip_and_our_distribution():
                 bad += [f"{rel}: {pin} is not pyproject's {ray_pin}" for pin in re.findall(r"ray==[\d.]+", text)
                         if pin != ray_pin]
     assert not bad, "\n".join(bad)
+
+
+def test_the_version_is_one_value():
+    """pyproject.toml's version is the package's (core/version.py; the root's __version__ and the self-check's
+    verdicts read it there)."""
+    import gcache
+    from gcache.core.version import VERSION
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        assert tomllib.load(f)["project"]["version"] == VERSION == gcache.__version__

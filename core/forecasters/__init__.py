@@ -32,13 +32,12 @@ these its default (DEFAULTS) when a forecaster doesn't set it:
 """
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from typing import Optional, Protocol, Sequence, Union
 
 import numpy as np
 
 from ..errors import GCacheError
+from ..registry import Registry
 from ..user_text import quoted
 
 
@@ -80,37 +79,25 @@ def _defaults(fc) -> dict:
             "two_step_c": lambda profile, st, fold=None: None}
 
 
-_REGISTRY: dict[str, Forecaster] = {}
 _ORDERS = {0: "reuse", 1: "linear", 2: "quadratic"}  # policy files before forecasters had names held an order
-_LOADED = False
+
+
+_REGISTRY = Registry(__name__, __path__, _defaults)
 
 
 def register(forecaster: Forecaster) -> Forecaster:
     if not hasattr(forecaster, "two_step_form"):
         forecaster.two_step_form = hasattr(forecaster, "two_step_c")
-    for attr, value in _defaults(forecaster).items():
-        if not hasattr(forecaster, attr):
-            setattr(forecaster, attr, value)
-    _REGISTRY[forecaster.name] = forecaster
-    return forecaster
+    return _REGISTRY.add(forecaster)
 
 
 def unregister(name: str) -> None:
     """Removes a forecaster (tests register toy ones for a while)."""
-    _REGISTRY.pop(name, None)
-
-
-def _load() -> None:
-    global _LOADED
-    if not _LOADED:
-        _LOADED = True
-        for m in pkgutil.iter_modules(__path__):
-            importlib.import_module(f"{__name__}.{m.name}")
+    _REGISTRY.remove(name)
 
 
 def names() -> list[str]:
     """Every registered forecaster's name, by rank (the combos' order)."""
-    _load()
     return sorted(_REGISTRY, key=lambda n: _REGISTRY[n].rank)
 
 
@@ -129,7 +116,6 @@ def canonical(name: Union[str, int, None]) -> str:
         if name not in _ORDERS:
             raise GCacheError(f"The forecast order must be 0, 1 or 2, got {quoted(name)}.")
         return _ORDERS[name]
-    _load()
     if name not in _REGISTRY:
         raise GCacheError(f"Unknown forecaster {quoted(name)}: use one of {', '.join(map(repr, _REGISTRY))}.")
     return name
@@ -140,7 +126,6 @@ def get(name: Union[str, int, None, Forecaster]) -> Forecaster:
     node resolved travels to the engine as it is."""
     if hasattr(name, "weights") and hasattr(name, "keeps"):
         return name
-    _load()
     return _REGISTRY[canonical(name)]
 
 

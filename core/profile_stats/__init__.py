@@ -45,8 +45,6 @@ pass the fit statistics read c.block before E1 takes it. The order moves time, n
 """
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from dataclasses import dataclass
 from typing import Callable, Optional, Protocol
 
@@ -54,6 +52,7 @@ import numpy as np
 import torch
 
 from ..errors import GCacheError
+from ..registry import Registry
 
 # The tensors every profile holds (core/profile.py's own): no statistic may take these names.
 BASE_TENSORS = ("e_sum", "delta_norm_sum", "rel_delta_sum", "rel_h_sum", "times", "sigmas")
@@ -88,47 +87,32 @@ def _defaults(stat) -> dict:
                        "(GCache Profile's record_forecast)."}
 
 
-_REGISTRY: dict[str, ProfileStatistic] = {}
-_LOADED = False
+_REGISTRY = Registry(__name__, __path__, _defaults)
 
 
 def register(stat: ProfileStatistic) -> ProfileStatistic:
     """Adds a statistic (filling in order, merge and missing); its tensor names must be new to every profile."""
-    _load()  # this folder's statistics first, whoever registers first
-    for attr, value in _defaults(stat).items():
-        if not hasattr(stat, attr):
-            setattr(stat, attr, value)
+    _REGISTRY.load()  # this folder's statistics first, whoever registers first
     taken = {t: s.name for s in _REGISTRY.values() if s.name != stat.name for t in s.tensors}
     taken.update({t: "the profile itself" for t in BASE_TENSORS})
     for t in stat.tensors:
         if t in taken:
             raise GCacheError(f"The profile statistic {stat.name!r} names tensor {t!r}, which {taken[t]!r} holds "
                               "already: give it another name.")
-    _REGISTRY[stat.name] = stat
-    return stat
+    return _REGISTRY.add(stat)
 
 
 def unregister(name: str) -> None:
     """Removes a statistic (tests register toy ones for a while)."""
-    _REGISTRY.pop(name, None)
-
-
-def _load() -> None:
-    global _LOADED
-    if not _LOADED:
-        _LOADED = True
-        for m in pkgutil.iter_modules(__path__):
-            importlib.import_module(f"{__name__}.{m.name}")
+    _REGISTRY.remove(name)
 
 
 def registered() -> list[ProfileStatistic]:
     """Every registered statistic, in the order they were registered (this folder's by file name first)."""
-    _load()
-    return list(_REGISTRY.values())
+    return _REGISTRY.values()
 
 
 def get(name: str) -> ProfileStatistic:
-    _load()
     if name not in _REGISTRY:
         raise GCacheError(f"Unknown profile statistic {name!r}: the registered ones are "
                           f"{', '.join(map(repr, _REGISTRY))}.")

@@ -18,10 +18,10 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from ... import __version__ as GCACHE_VERSION
 from ...core.errors import GCacheError
 from ...core.selfcheck import FAIL, PASS, Outcome
 from ...core.verdicts import DamagedRecord, VerdictBook, checks_of, record
+from ...core.version import VERSION as GCACHE_VERSION
 from .. import artifacts
 from ..patching.adapters import FALLBACK, Adapter, Route
 from ..patching.content_hash import model_key
