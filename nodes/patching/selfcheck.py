@@ -27,7 +27,7 @@ import torch
 
 from ...core.errors import GCacheError
 from ...core.replay import ReplayBroken
-from ...core.selfcheck import Outcome, conclude, replay_error, tolerance
+from ...core.selfcheck import Outcome, conclude, lowest_precision, replay_error, tolerance
 from .adapters import Adapter, Route, block_slots
 
 UNPAIRED = ("the block stack was entered but never left through GCache's patches (its last block's patch was never "
@@ -197,8 +197,7 @@ class RunCheck:
         except ValueError as e:
             self.skipped.append(str(e))
             return None
-        dtype = count.dtype or getattr(dm, "dtype", None)
-        dtype = dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
+        dtype = lowest_precision(path_dtypes(count.dtype, dm, self.adapter, getattr(executor, "class_obj", None)))
         return problems, (err, tolerance(dtype, rounding), str(dtype).replace("torch.", ""))
 
     # ---------------------------------------------------------------- end of the run
@@ -219,6 +218,19 @@ class RunCheck:
                 end.synchronize()
                 total += start.elapsed_time(end) / 1000.0
         return total
+
+
+def path_dtypes(stream, dm, adapter: Adapter, base_model) -> list:
+    """The dtypes on the path from the block stack to the output, whose rounding a correct replay may show: the
+    stream's (`stream`, the held δ's; the model's dtype when unknown), the weights outside the block stacks (the head;
+    the input layers too, which can't be told from it without the model's code) and the dtype ComfyUI computes them in
+    (the BaseModel's manual_cast_dtype: fp8 or 16-bit weights cast up or down)."""
+    out = [stream if stream is not None else getattr(dm, "dtype", None)]
+    if dm is not None:
+        inside = tuple(f"{st.attr}." for st in adapter.stacks)
+        out += list({p.dtype for name, p in dm.named_parameters() if not name.startswith(inside)})
+    out.append(getattr(base_model, "manual_cast_dtype", None))
+    return out
 
 
 def _without_model(executor, args: tuple, out):
