@@ -291,8 +291,8 @@ class ResidualCache:
                         if store:
                             self._store(k, step, d, meta)
                         held.append(d)
-                if self._held is not None:  # kept where a stored δ is (cache_device), as a skipped step finds it
-                    self._held.keep(keys, chunks, step, [self._to_cache(d) for d in held])
+                    if self._held is not None:  # kept where a stored δ is (cache_device), as a skipped step finds it
+                        self._held.keep(keys, chunks, step, [self._to_cache(d) for d in held])
             if step is not None:
                 for hook in self._on_exit:
                     hook(step)
