@@ -321,8 +321,9 @@ class ResidualCache:
         return out
 
     def _weights(self, kept: list, step: Optional[int]) -> list[float]:
-        """Each kept δ's weight in δ̂: the forecaster's; the last one alone (reuse) with a single δ or an unknown step."""
-        if len(kept) == 1 or step is None or any(i is None for i, _ in kept):
+        """Each kept δ's weight in δ̂: the forecaster's (reuse's [1.0] too: a replay at run 1 checks them); the last δ
+        alone at an unknown step, or while a forecaster of several δ has one so far (it reuses it)."""
+        if step is None or any(i is None for i, _ in kept) or (len(kept) == 1 and self.forecaster.keeps > 1):
             return [1.0]
         return self.forecaster.weights([i for i, _ in kept], step, self.times, self.forecast_params)
 

@@ -318,7 +318,13 @@ def test_a_fault_in_the_engines_skip_path_is_caught(monkeypatch):
         assert outcome().result == PASS  # no cache_device: no move
         bad = outcome("cpu")
         assert bad.result == FAIL and bad.error > 10 * bad.tolerance, bad
-    with monkeypatch.context() as mp:  # the kept δ weighted wrong
+    with monkeypatch.context() as mp:  # the forecaster's weight of the kept δ wrong
+        from gcache.core import forecasters
+        reuse = forecasters.get("reuse")
+        mp.setattr(reuse, "weights", lambda kept, j, times, params: [0.99])
+        bad = outcome()
+        assert bad.result == FAIL and bad.error > 10 * bad.tolerance, bad
+    with monkeypatch.context() as mp:  # the engine's use of the weights wrong
         weights = ResidualCache._weights
         mp.setattr(ResidualCache, "_weights", lambda self, kept, step: [w * 0.99 for w in weights(self, kept, step)])
         bad = outcome()

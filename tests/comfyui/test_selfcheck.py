@@ -504,10 +504,11 @@ def device_move_unlanded(monkeypatch):
 
 
 def weight_off(monkeypatch):
-    """The kept δ weighted 0.98 instead of the forecaster's 1."""
-    weights = ResidualCache._weights
-    monkeypatch.setattr(ResidualCache, "_weights", lambda self, kept, step: [w * 0.98 for w in weights(self, kept,
-                                                                                                        step)])
+    """The forecaster's weight of the kept δ 0.98 instead of reuse's 1."""
+    from gcache.core import forecasters
+    reuse = forecasters.get("reuse")
+    weights = type(reuse).weights
+    monkeypatch.setattr(reuse, "weights", lambda *a: [w * 0.98 for w in weights(reuse, *a)])
 
 
 @pytest.mark.parametrize("fault", [device_move_unlanded, weight_off], ids=lambda f: f.__name__)
