@@ -260,8 +260,10 @@ class ResidualCache:
         return h.clone()
 
     def exit(self, z: Optional[torch.Tensor]) -> torch.Tensor:
-        if self._held is not None and self._held.replaying:
-            return self._held.exit()
+        if self._held is not None and self._held.replaying:  # the skip path below, on the held call's δ
+            h, keys, chunks, step, deltas = self._held.exit()
+            held = dict(zip(keys, deltas))
+            return self._skip(h, keys, chunks, step, lambda k: [(step, held[k])])
         if self._pending is None:
             raise RuntimeError("ResidualCache.exit() without enter().")
         h, snaps, keys, chunks, compute, forced, meta = self._pending
@@ -289,31 +291,47 @@ class ResidualCache:
                         if store:
                             self._store(k, step, d, meta)
                         held.append(d)
-                if self._held is not None:
-                    self._held.keep(keys, chunks, held)
+                    if self._held is not None:  # kept where a stored δ is (cache_device), as a skipped step finds it
+                        self._held.keep(keys, chunks, step, [self._to_cache(d) for d in held])
             if step is not None:
                 for hook in self._on_exit:
                     hook(step)
             return z
+        return self._skip(h, keys, chunks, step, self._deltas.__getitem__)
+
+    # ------------------------------------------------------------------ the skip path (a skipped step, a replay)
+    def _skip(self, h: torch.Tensor, keys: list, chunks: int, step: Optional[int], kept_of: Callable) -> torch.Tensor:
+        """The stack's output on a skipped step: h + δ̂ per branch chunk, δ̂ from `kept_of(key)`, the branch's kept
+        [(step, δ)] (the store; a self-check's replay gives the held call's δ, so it checks this very code)."""
         if chunks == 1:
-            return self._skip_out(h, keys[0], step, None)
+            return self._skip_out(h, kept_of(keys[0]), step, None)
         out = torch.empty_like(h)  # chunk by chunk into one output: no concatenated δ temporary
         for k, hk, ok in zip(keys, h.chunk(chunks, 0), out.chunk(chunks, 0)):
-            self._skip_out(hk, k, step, ok)
+            self._skip_out(hk, kept_of(k), step, ok)
         return out
 
-    def _skip_out(self, h: torch.Tensor, key: Hashable, step: Optional[int], out: Optional[torch.Tensor]):
+    def _skip_out(self, h: torch.Tensor, kept: list, step: Optional[int], out: Optional[torch.Tensor]):
         """h + δ of the branch's last computed step (reuse), or h + the forecaster's δ̂ at this step's time."""
-        kept = self._deltas[key]
-        if self.cache_device is not None and kept[-1][1].device != h.device:
-            kept = [(i, d.to(h.device, non_blocking=True)) for i, d in kept]
-        if len(kept) == 1 or step is None or any(i is None for i, _ in kept):
-            return torch.add(h, kept[-1][1], out=out)
-        w = self.forecaster.weights([i for i, _ in kept], step, self.times, self.forecast_params)
+        if self.cache_device is not None:
+            kept = [(i, to_device(d, h.device)) for i, d in kept]
+        w = self._weights(kept, step)
         out = torch.add(h, kept[-1][1], alpha=w[-1], out=out)
         for wk, (_, dk) in zip(w[:-1], kept[:-1]):
             out.add_(dk, alpha=wk)
         return out
+
+    def _weights(self, kept: list, step: Optional[int]) -> list[float]:
+        """Each kept δ's weight in δ̂: the forecaster's (reuse's [1.0] too: a replay at run 1 checks them); the last δ
+        alone at an unknown step, or while a forecaster of several δ has one so far (it reuses it)."""
+        if step is None or any(i is None for i, _ in kept) or (len(kept) == 1 and self.forecaster.keeps > 1):
+            return [1.0]
+        return self.forecaster.weights([i for i, _ in kept], step, self.times, self.forecast_params)
+
+    def _to_cache(self, delta: torch.Tensor) -> torch.Tensor:
+        """δ where the run keeps it: on cache_device when one is set (a stored δ, a replay's held δ)."""
+        if self.cache_device is not None and delta.device != self.cache_device:
+            return delta.to(self.cache_device, non_blocking=False)
+        return delta
 
     def run(self, h: torch.Tensor, branches: Sequence[Hashable], blocks: Callable[[torch.Tensor], torch.Tensor]):
         """enter → blocks (only when computing) → exit; a failure in the blocks drops the pending input."""
@@ -360,8 +378,7 @@ class ResidualCache:
         return [tuple(branches) if len(branches) > 1 else branches[0]], 1
 
     def _store(self, key: Hashable, step: Optional[int], delta: torch.Tensor, meta: tuple) -> None:
-        if self.cache_device is not None and delta.device != self.cache_device:
-            delta = delta.to(self.cache_device, non_blocking=False)
+        delta = self._to_cache(delta)
         # δ is the branch's own snapshot of h (clone() kept h's memory layout, e.g. Wan's transposed tokens),
         # so the skip-step add runs on matching strides and no view pins a whole batch. Forecasting keeps the
         # last order + 1 of them; a meta change (reset) or a forced step starts the list again.
@@ -403,6 +420,11 @@ class ResidualCache:
 
     def summary(self, io_share: Optional["IoShare | float"] = None) -> str:
         return self.stats.summary(io_share)
+
+
+def to_device(delta: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A kept δ moved to the stack's device for a skipped step (no copy when it is there already)."""
+    return delta.to(device, non_blocking=True)
 
 
 def format_bytes(n: int) -> str:

@@ -36,18 +36,18 @@ class HeldCall:
     """The δ of each computed stack pass of one model call, in order, and its replay."""
 
     def __init__(self):
-        self.passes: list[tuple[list, int, list[torch.Tensor]]] = []  # (branch keys, chunks, δ per chunk)
+        self.passes: list[tuple[list, int, Optional[int], list[torch.Tensor]]] = []  # (keys, chunks, step, δ per chunk)
         self.count = ReplayCount()
         self.replaying = False
-        self._pending: Optional[tuple[torch.Tensor, list[torch.Tensor], int]] = None
+        self._pending: Optional[tuple] = None  # (h, keys, chunks, step, δ per chunk) of the replayed entry
 
     # ---------------------------------------------------------------- the computed call
     def entered(self) -> None:
         self.count.held_entries += 1
 
-    def keep(self, keys: Sequence[Hashable], chunks: int, deltas: Sequence[torch.Tensor]) -> None:
-        """One computed pass's δ per chunk (tensors the engine no longer writes: its own or an observer's)."""
-        self.passes.append((list(keys), chunks, list(deltas)))
+    def keep(self, keys: Sequence[Hashable], chunks: int, step: Optional[int], deltas: Sequence[torch.Tensor]) -> None:
+        """One computed pass's δ per chunk at `step` (tensors the engine no longer writes: its own or an observer's)."""
+        self.passes.append((list(keys), chunks, step, list(deltas)))
         self.count.held += 1
         self.count.dtype = deltas[0].dtype
 
@@ -61,28 +61,22 @@ class HeldCall:
         if i >= len(self.passes):
             raise ReplayBroken(f"the replay entered the block stack {i + 1} times, the computed call left it "
                                f"{len(self.passes)} times")
-        held_keys, held_chunks, deltas = self.passes[i]
+        held_keys, held_chunks, step, deltas = self.passes[i]
         parts = h.chunk(chunks, 0) if chunks > 1 else (h,)
         if list(keys) != held_keys or chunks != held_chunks or \
-                any(p.shape != d.shape or p.dtype != d.dtype for p, d in zip(parts, deltas)):
+                any(p.shape != d.shape or p.dtype != d.dtype for p, d in zip(parts, deltas)):  # (δ's device: cache_device)
             raise ReplayBroken(f"the replay's block-stack input {tuple(h.shape)} {h.dtype} does not match the "
                                f"computed call's ({[tuple(d.shape) for d in deltas]})")
-        self._pending = (h, deltas, chunks)
+        self._pending = (h, list(keys), chunks, step, deltas)
 
-    def exit(self) -> torch.Tensor:
-        """h + δ for the pending replayed entry: the reuse arithmetic of a skipped step (engine._skip_out)."""
+    def exit(self) -> tuple:
+        """The pending replayed entry (h, keys, chunks, step, δ per chunk): the engine's skip path makes its h + δ."""
         if self._pending is None:
             raise ReplayBroken("the replay left the block stack without entering it (the first block's patch was "
                                "not called)")
-        h, deltas, chunks = self._pending
-        self._pending = None
+        pending, self._pending = self._pending, None
         self.count.exits += 1
-        if chunks == 1:
-            return torch.add(h, deltas[0].to(h.device))
-        out = torch.empty_like(h)
-        for hk, d, ok in zip(h.chunk(chunks, 0), deltas, out.chunk(chunks, 0)):
-            torch.add(hk, d.to(h.device), out=ok)
-        return out
+        return pending
 
     def abort(self) -> None:
         self._pending = None

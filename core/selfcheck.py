@@ -12,8 +12,10 @@ output with the model's raw prediction at zero: the model input for flow and ε 
 latent itself. It is the worst of 256 contiguous groups of each sample's elements, each group's RMS(y' − y) over the
 sample's RMS(y − y₀): a wrong range of a few tokens moves its own group by O(1) where a relative norm over the whole
 output would dilute it by the square root of its share. The tolerance is TOLERANCE_EPS times one unit of rounding:
-the machine epsilon of the stream's dtype plus the output's own rounding (its dtype's epsilon times its largest group
-over the model's contribution: late in an EDM schedule the float32 output is much larger than what the model adds).
+the machine epsilon of the lowest precision on the path from the block stack to the output (the stream's dtype, and
+the head's weights and compute dtype: a float32 stack's last bits, which the replay's h + δ may change, move a 16-bit
+head's rounding; `lowest_precision`) plus the output's own rounding (its dtype's epsilon times its largest group over
+the model's contribution: late in an EDM schedule the float32 output is much larger than what the model adds).
 """
 from __future__ import annotations
 
@@ -33,6 +35,14 @@ GROUPS = 256  # contiguous groups per sample (fewer when a sample has fewer elem
 # 16-bit dtype 25 units (LTX-2's audio left out, bfloat16), the others 78 and more. 6 lies 3.8x above the first and
 # 4.2x below the second (tests/comfyui/test_selfcheck.py asserts 3x on each side).
 TOLERANCE_EPS = 6.0
+
+
+def lowest_precision(dtypes) -> torch.dtype:
+    """The dtype of largest machine epsilon among `dtypes` (None and non-float ones left out), float32 when none is
+    given. A 1-byte float (fp8 weights) does not count: ComfyUI computes with them in a wider dtype (it casts them to
+    the compute dtype, exactly), which the caller lists, and a float8 epsilon would let any broken adapter pass."""
+    found = [d for d in dtypes if isinstance(d, torch.dtype) and d.is_floating_point and d.itemsize >= 2]
+    return max(found, key=lambda d: float(torch.finfo(d).eps), default=torch.float32)
 
 
 def tolerance(dtype: torch.dtype, output_rounding: float = 0.0) -> float:

@@ -4,13 +4,17 @@ untouched; a wrong token range, blocks writing into their input, a loop that nev
 the replay can't make are "not checked", never a failure of the call (headless)."""
 from types import SimpleNamespace
 
+import logging
+
+import pytest
 import torch
 
 from gcache.core.engine import ResidualCache
 from gcache.core.selfcheck import FAIL, NOT_CHECKED, PASS
 from gcache.nodes.patching import streams
 from gcache.nodes.patching.adapters import Adapter, BlockSlot, Route, Stack
-from gcache.nodes.patching.runtime import RunState, activate, deactivate, make_dit_patch
+from gcache.core.recorder import ProfileRecorder
+from gcache.nodes.patching.runtime import RunState, activate, current_run, deactivate, make_dit_patch
 from gcache.nodes.patching.selfcheck import RunCheck
 from gcache.nodes.patching.steps import StepTracker
 from gcache.nodes.patching.streams import Layout
@@ -55,13 +59,19 @@ class Toy:
             args = {"img": img, "txt": txt, "transformer_options": topts}
             out = self.call(("double_block", i), args, double)
             img, txt = out["img"], out["txt"]
+            self.op("first") if i == 0 else None
+        self.op("middle")
         s = torch.cat((txt, img), 1)
         for i in range(2):
             def single(args, i=i):
                 return {"img": self.block(2 + i, args["img"])}
             s = self.call(("single_block", i), {"img": s, "transformer_options": dict(topts)}, single)["img"]
+        self.op("last")
         v = s[:, N_TXT:] @ self.w[4]
         return x - float(t.reshape(-1)[0]) * v
+
+    def op(self, where):  # an op of the model's own code between its blocks (RaisesInReplay makes one raise)
+        pass
 
     def call(self, key, args, block):  # as ComfyUI's loops: the patch in transformer_options, else the block
         patch = ((args["transformer_options"].get("patches_replace") or {}).get("dit") or {}).get(key)
@@ -74,9 +84,13 @@ def patches(owner):
     return {(s.stack.key, s.index): make_dit_patch(s, owner) for s in slots}
 
 
-def sample(model, check=None, topts=None, owner="toy", batch=2):
-    """Euler over SIGMAS with the model called through `check` (as hooks._apply_model does), and the run's stats."""
-    run = RunState(lambda: ResidualCache(None), StepTracker(SIGMAS), owner)
+def sample(model, check=None, topts=None, owner="toy", batch=2, separate=False, observers=(), lanes=None,
+           cache_device=None):
+    """Euler over SIGMAS with the model called through `check` (as hooks._apply_model does: begin_call, the call and,
+    with `lanes`, end_call), and the run's stats. `separate`: cond and uncond in calls of their own (ComfyUI does so when their
+    shapes or hooks differ), else batched in one; `lanes`: a list that gets the lane's state after every call."""
+    run = RunState(lambda: ResidualCache(None, cache_device=cache_device, observers=observers), StepTracker(SIGMAS),
+                   owner)
     run.selfcheck = check
     token = activate(run)
     try:
@@ -84,22 +98,29 @@ def sample(model, check=None, topts=None, owner="toy", batch=2):
         for i in range(len(SIGMAS) - 1):
             t = torch.tensor([SIGMAS[i]])
             dit = {**(model.patches or {}), **((topts or {}).get("patches_replace") or {}).get("dit", {})}
-            opts = dict(topts or {}, cond_or_uncond=[0, 1][:batch], patches_replace={"dit": dit})
-            step = run.begin_call(SIGMAS[i], opts)
-            args = (x, t, None, None, None, opts)
-            y = check.model_call(run, step, model, args, {}) if check is not None else model(*args)
+            ys = []
+            for rows in ([[r] for r in range(batch)] if separate else [list(range(batch))]):
+                opts = dict(topts or {}, cond_or_uncond=[[0, 1][r] for r in rows], patches_replace={"dit": dit})
+                step = run.begin_call(SIGMAS[i], opts)
+                args = (x[rows], t, None, None, None, opts)
+                ys.append(check.model_call(run, step, model, args, {}) if check is not None else model(*args))
+                if lanes is not None:
+                    run.end_call()
+                    ln = run.lane()
+                    lanes.append((ln.compute, ln.entered, ln.through, ln.in_slot, ln.patches, ln.n_img))
+            y = torch.cat(ys)
             x = y + (x - y) / SIGMAS[i] * SIGMAS[i + 1]
             run.tracker.completed(i)
     finally:
         deactivate(token)
-    return x, run.close()
+    return x, run.close(), run
 
 
 def checked(model_patches=patches, in_place=False, topts=None, owner="toy"):
     model = Toy(model_patches(owner) if model_patches else None, in_place)
-    plain, plain_stats = sample(Toy(None, in_place))
+    plain, plain_stats, _ = sample(Toy(None, in_place))
     check = RunCheck(ADAPTER, len(SIGMAS) - 2)
-    out, stats = sample(model, check, topts, owner)
+    out, stats, _ = sample(model, check, topts, owner)
     return plain, out, check.outcome(), stats, plain_stats
 
 
@@ -163,7 +184,7 @@ def test_a_node_that_wraps_gcaches_patch_is_replayed_through():
     assert torch.equal(out, plain) and outcome.result == PASS
 
 
-def test_a_replay_that_raises_is_not_checked_and_the_call_keeps_its_output():
+def test_a_replay_that_runs_out_of_memory_is_not_checked_and_the_call_keeps_its_output():
     class Flaky(Toy):
         calls = 0
 
@@ -172,9 +193,9 @@ def test_a_replay_that_raises_is_not_checked_and_the_call_keeps_its_output():
             if Flaky.calls == len(SIGMAS):  # the replay of the last step's call
                 raise RuntimeError("CUDA out of memory")
             return super().__call__(*a, **kw)
-    plain, _ = sample(Toy(None))
+    plain, _, _ = sample(Toy(None))
     check = RunCheck(ADAPTER, len(SIGMAS) - 2)
-    out, _ = sample(Flaky(patches("toy")), check)
+    out, _, _ = sample(Flaky(patches("toy")), check)
     assert torch.equal(out, plain)
     assert check.outcome().result == NOT_CHECKED and "out of memory" in check.outcome().why
 
@@ -194,3 +215,117 @@ def test_one_replay_per_set_of_branches_and_none_elsewhere():
     late = RunCheck(ADAPTER, 99)
     sample(Toy(patches("toy")), late)
     assert late.outcome().result == NOT_CHECKED and "ended before" in late.outcome().why
+
+
+class RaisesInReplay(Toy):
+    """A Toy whose op at `where` raises `error` only during the self-check's replay: after the first block (the lane
+    has entered the stack), between the double and the single blocks (Flux's torch.cat), after the last block (the
+    stack was left: the head)."""
+
+    def __init__(self, patches, where, error):
+        super().__init__(patches)
+        self.where, self.error, self.raised = where, error, 0
+
+    def op(self, where):
+        held = current_run("toy").lane().cache._held
+        if where == self.where and held is not None and held.replaying:
+            self.raised += 1
+            raise self.error
+
+
+def recorded(separate, model=None, check=None, lanes=None):
+    """A profile run of 4 steps (recorder as Profile's observer): its output, stats, run and profile."""
+    rec = ProfileRecorder(SIGMAS[:-1], forecast=True)
+    out, stats, run = sample(model or Toy(patches("toy")), check, separate=separate, observers=(rec,), lanes=lanes)
+    return out, stats, run, rec.finish()
+
+
+@pytest.mark.parametrize("separate", [False, True], ids=["cond+uncond in one call", "separate calls"])
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+def test_a_replay_that_raises_inside_the_stack_leaves_the_run_as_without_the_check(where, separate, caplog):
+    """Issue 43: the replay raised between the double and the single blocks, the lane stayed entered, end_call took
+    the call for one that never left the stack: the plain calls went uncached for the rest of the run with "Please
+    report this model", and a separate uncond call was then recorded as a fail."""
+    plain_lanes, lanes = [], []
+    plain, plain_stats, plain_run, plain_prof = recorded(separate, lanes=plain_lanes)
+    check = RunCheck(ADAPTER, len(SIGMAS) - 2)
+    model = RaisesInReplay(patches("toy"), where, torch.OutOfMemoryError("CUDA out of memory (injected)"))
+    with caplog.at_level("INFO", logger="gcache"):
+        out, stats, run, prof = recorded(separate, model, check, lanes)
+    assert model.raised == (2 if separate else 1)  # each set of branches was replayed, and raised
+    assert torch.equal(out, plain)
+    assert lanes == plain_lanes and run.uncached == plain_run.uncached == set() and run.disabled is None
+    for f in ("computed_steps", "skipped_steps", "block_runs", "stack_calls", "decided", "resets"):
+        assert getattr(stats, f) == getattr(plain_stats, f), f
+    assert prof.count == plain_prof.count and (prof.e_sum == plain_prof.e_sum).all()  # the recorder saw it all
+    assert "Please report" not in caplog.text and not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    outcome = check.outcome()
+    assert outcome.result == NOT_CHECKED and "out of memory" in outcome.why, outcome
+
+
+class InterruptProcessingException(Exception):
+    """Stands for ComfyUI's (comfy.model_management), found by the check where ComfyUI imported it."""
+
+
+def test_what_a_raising_replay_means_fail_or_not_checked(monkeypatch):
+    """Only out of memory and a user's interrupt are "not checked" (the interrupt then stops the prompt); an exception
+    of the skip path itself, or of the model's code on the skipped stream, is a fail: a skipped step would raise it."""
+    def outcome_of(error, where="middle"):
+        check = RunCheck(ADAPTER, len(SIGMAS) - 2)
+        out, _, run = sample(RaisesInReplay(patches("toy"), where, error), check)
+        return check.outcome(), out, run
+
+    plain, _, _ = sample(Toy(None))
+    for oom in (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+                RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 4 GB")):
+        outcome, out, _ = outcome_of(oom)
+        assert torch.equal(out, plain) and outcome.result == NOT_CHECKED and "out of memory" in outcome.why, outcome
+    outcome, out, run = outcome_of(RuntimeError("Tensors must have same number of dimensions"))
+    assert torch.equal(out, plain) and outcome.result == FAIL, outcome
+    assert "the replay through the skip path raised RuntimeError: Tensors must have" in outcome.why
+    import types
+    monkeypatch.setitem(__import__("sys").modules, "comfy.model_management",
+                        types.SimpleNamespace(InterruptProcessingException=InterruptProcessingException))
+    for stop in (KeyboardInterrupt(), InterruptProcessingException()):
+        check = RunCheck(ADAPTER, len(SIGMAS) - 2)
+        with pytest.raises(type(stop)):  # the user asked the prompt to stop: it stops
+            sample(RaisesInReplay(patches("toy"), "middle", stop), check)
+        assert check.outcome().result == NOT_CHECKED and "interrupted" in check.outcome().why
+
+
+def test_an_exception_of_the_engines_skip_path_is_a_fail(monkeypatch):
+    def broken(self, *a, **kw):
+        raise RuntimeError("Expected all tensors to be on the same device")
+    monkeypatch.setattr(ResidualCache, "_skip_out", broken)
+    plain, out, outcome, _, _ = checked()
+    assert torch.equal(out, plain) and outcome.result == FAIL and "same device" in outcome.why, outcome
+
+
+def test_a_fault_in_the_engines_skip_path_is_caught(monkeypatch):
+    """The replay runs the engine's own skip path (ResidualCache._skip_out, with the run's cache_device and the
+    forecaster's weights), not a copy of it: a fault there is a fail at run 1."""
+    from gcache.core import engine
+    plain, _, _ = sample(Toy(None))
+
+    def outcome(cache_device=None):
+        check = RunCheck(ADAPTER, len(SIGMAS) - 2)
+        out, _, _ = sample(Toy(patches("toy")), check, cache_device=cache_device)
+        assert torch.equal(out, plain)
+        return check.outcome()
+    assert outcome("cpu").result == PASS
+    with monkeypatch.context() as mp:  # a move back from cache_device read before its copy landed (zeros)
+        mp.setattr(engine, "to_device", lambda d, device: torch.zeros_like(d, device=device))
+        assert outcome().result == PASS  # no cache_device: no move
+        bad = outcome("cpu")
+        assert bad.result == FAIL and bad.error > 10 * bad.tolerance, bad
+    with monkeypatch.context() as mp:  # the forecaster's weight of the kept δ wrong
+        from gcache.core import forecasters
+        reuse = forecasters.get("reuse")
+        mp.setattr(reuse, "weights", lambda kept, j, times, params: [0.99])
+        bad = outcome()
+        assert bad.result == FAIL and bad.error > 10 * bad.tolerance, bad
+    with monkeypatch.context() as mp:  # the engine's use of the weights wrong
+        weights = ResidualCache._weights
+        mp.setattr(ResidualCache, "_weights", lambda self, kept, step: [w * 0.99 for w in weights(self, kept, step)])
+        bad = outcome()
+        assert bad.result == FAIL and bad.error > 10 * bad.tolerance, bad

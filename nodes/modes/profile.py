@@ -119,9 +119,11 @@ class ProfileConfig(ModeConfig):
                 not_added(why)
 
         def engine() -> ResidualCache:  # one per device lane, with a clock of its own; the recorder is the run's
+            # cache_device: where a skipped step would find its δ (the self-check's replay takes that path too)
             if recorder is None:  # a duplicate run: sampled and timed, recorded by nobody
-                return ResidualCache(None, observers=(StepClock(),))
-            return ResidualCache(None, observers=(recorder, StackClock()))  # the stack timed: the io share
+                return ResidualCache(None, cache_device=self.history_device, observers=(StepClock(),))
+            return ResidualCache(None, cache_device=self.history_device,
+                                 observers=(recorder, StackClock()))  # the stack timed: the io share
 
         run = RunState(engine, tracker, self.owner, on_close=finish, may_skip=False)  # computes every step
         failed = verdicts.recorded_fail(self.subject)

@@ -7,13 +7,19 @@ again with the stack skipped by those residuals, through the very gate, patches 
 The replay's output is compared with the computed one (core/selfcheck.py) and thrown away: the run goes on with the
 computed output, bit for bit. During the replay every GCache block patch counts its calls (each block of each pass
 must go through its patch: a block the model's loop runs by itself runs its original) and the cache counts stack
-entries and exits (one each per computed pass): a patch the model's loop never calls shows there. Calls the replay
-can't make (ComfyUI's MultiGPU CFG split) are "not checked", with the reason; so is a replay that raises anything but
-a broken skip path, and one that does not reproduce a call where another node's patch sits in a slot of GCache's
-stack (SLG's skip, a node applied after GCache): the mismatch may be that node's. Nothing here fails the prompt.
+entries and exits (one each per computed pass): a patch the model's loop never calls shows there.
+
+Fail or not checked (`not_checked_why`): a replay that raises is a fail (a skipped step would go through the same
+code), except for what says nothing about the skip path: out of memory and a user's interrupt (which then goes on to
+stop the prompt). Calls the replay can't make are "not checked" too, with the reason: ComfyUI's MultiGPU CFG split, a
+computed output that is not finite, and a call where another node's patch sits in a slot of GCache's stack (SLG's
+skip, a node applied after GCache) and the replay does not reproduce it (the mismatch may be that node's). Whatever the
+replay did or raised, the lane is left as the computed call left it (LANE_STATE): the rest of the run is the run
+without the check. Nothing here fails the prompt but an interrupt.
 """
 from __future__ import annotations
 
+import sys
 import time
 from typing import Optional
 
@@ -21,13 +27,36 @@ import torch
 
 from ...core.errors import GCacheError
 from ...core.replay import ReplayBroken
-from ...core.selfcheck import Outcome, conclude, replay_error, tolerance
+from ...core.selfcheck import Outcome, conclude, lowest_precision, replay_error, tolerance
 from .adapters import Adapter, Route, block_slots
 
 UNPAIRED = ("the block stack was entered but never left through GCache's patches (its last block's patch was never "
             "called)")
 
 PATCHES = __name__.rsplit(".", 1)[0]  # the package of GCache's block patches (runtime.py): "ours" in patches_replace
+# what a call's lane (runtime._Lane) holds between its block patches: the replay puts it back as the computed call left
+# it, also when it raised inside the stack (the lane stayed "entered": end_call took the call for one that never left)
+LANE_STATE = ("branches", "compute", "n_img", "patches", "entered", "through", "in_slot")
+OOM_WORDS = ("out of memory", "can't allocate memory")  # CUDA/MPS and the CPU allocator, raised as RuntimeError
+
+
+def interrupted(e: BaseException) -> bool:
+    """A user's interrupt: KeyboardInterrupt, or ComfyUI's InterruptProcessingException (looked up where ComfyUI
+    already imported it: this file imports no ComfyUI)."""
+    mm = sys.modules.get("comfy.model_management")
+    cls = getattr(mm, "InterruptProcessingException", None)
+    return isinstance(e, KeyboardInterrupt) or (isinstance(cls, type) and isinstance(e, cls))
+
+
+def not_checked_why(e: BaseException) -> Optional[str]:
+    """Why an exception the replay raised leaves the call not checked, or None when it is a fail: only running out of
+    memory and a user's interrupt say nothing about the skip path; anything else a skipped step would raise too."""
+    if isinstance(e, torch.OutOfMemoryError) or (isinstance(e, RuntimeError)
+                                                 and any(w in str(e) for w in OOM_WORDS)):
+        return f"the replay ran out of memory ({type(e).__name__}: {e})"
+    if interrupted(e):
+        return f"sampling was interrupted during the replay ({type(e).__name__})"
+    return None
 
 
 def parts(t) -> list:
@@ -80,8 +109,14 @@ class RunCheck:
                     shown = self._replay(ln, executor, args, kwargs, out, topts)
                 self._judge(shown,
                             self._foreign(topts if foreign_options is None else foreign_options))
-            except Exception as e:  # noqa: BLE001  a fault of the check itself: said, never the prompt's failure
-                self.skipped.append(f"the self-check itself failed ({type(e).__name__}: {e})")
+            except Exception as e:  # noqa: BLE001  never the prompt's failure; not a pass either
+                why = not_checked_why(e)
+                if why is not None:
+                    self.skipped.append(why)
+                else:
+                    self.problems.append(f"the self-check could not compare the replay ({type(e).__name__}: {e})")
+                if interrupted(e):
+                    raise
         finally:
             cache.release()
         return out
@@ -126,6 +161,7 @@ class RunCheck:
         slots = block_slots(self.adapter, dm) if dm is not None else []
         calls = [0]
         rargs, rkwargs, restore = _count_patch_calls(self.adapter, dm, slots, args, kwargs, topts, calls)
+        lane = {f: getattr(ln, f) for f in LANE_STATE}  # as the computed call left it
         ln.compute = False  # a middle block reached without the first one must not run its block
         ln.cache.replay()
         timer = _start(out)
@@ -135,11 +171,18 @@ class RunCheck:
             return problems + [str(e)], None
         except GCacheError as e:  # the skip path itself refuses this model's stream: a skipped step would fail
             return problems + [f"the skip path failed: {e}"], None
-        except Exception as e:  # noqa: BLE001  the check never fails the prompt: what it can't do, it says
-            self.skipped.append(f"the replay raised {type(e).__name__}: {e}")
+        except BaseException as e:  # noqa: BLE001  said; only an interrupt goes on to stop the prompt
+            why = not_checked_why(e)
+            if why is None:  # a skipped step runs the same code: it would raise too
+                return problems + [f"the replay through the skip path raised {type(e).__name__}: {e}"], None
+            self.skipped.append(why)
+            if interrupted(e):
+                raise
             return None
         finally:
             restore()
+            for f, v in lane.items():  # nothing of the replay carries over (a raise left the lane "entered")
+                setattr(ln, f, v)
             self._timers.append(_stop(timer))
         count = ln.cache.held_count()
         if count.entries != count.held or count.exits != count.held:
@@ -154,8 +197,7 @@ class RunCheck:
         except ValueError as e:
             self.skipped.append(str(e))
             return None
-        dtype = count.dtype or getattr(dm, "dtype", None)
-        dtype = dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
+        dtype = lowest_precision(path_dtypes(count.dtype, dm, self.adapter, getattr(executor, "class_obj", None)))
         return problems, (err, tolerance(dtype, rounding), str(dtype).replace("torch.", ""))
 
     # ---------------------------------------------------------------- end of the run
@@ -176,6 +218,19 @@ class RunCheck:
                 end.synchronize()
                 total += start.elapsed_time(end) / 1000.0
         return total
+
+
+def path_dtypes(stream, dm, adapter: Adapter, base_model) -> list:
+    """The dtypes on the path from the block stack to the output, whose rounding a correct replay may show: the
+    stream's (`stream`, the held δ's; the model's dtype when unknown), the weights outside the block stacks (the head;
+    the input layers too, which can't be told from it without the model's code) and the dtype ComfyUI computes them in
+    (the BaseModel's manual_cast_dtype: fp8 or 16-bit weights cast up or down)."""
+    out = [stream if stream is not None else getattr(dm, "dtype", None)]
+    if dm is not None:
+        inside = tuple(f"{st.attr}." for st in adapter.stacks)
+        out += list({p.dtype for name, p in dm.named_parameters() if not name.startswith(inside)})
+    out.append(getattr(base_model, "manual_cast_dtype", None))
+    return out
 
 
 def _without_model(executor, args: tuple, out):
