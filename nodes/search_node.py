@@ -286,7 +286,7 @@ def _slice(job: SearchJob, job_id: str, seconds: int) -> io.NodeOutput:
     try:
         if refs is None or bg.refs_key != job.refs_key():
             refs, key = job.references(_reference_progress(len(job.seeds))), job.refs_key()
-            background.JOBS.update(bg, refs=None if bg.cancelled else refs, refs_key=key)
+            background.JOBS.keep_refs(bg, refs, key)
         profile = job.load_profile()
         state = _state(job)
         bar = _evaluation_progress(job.config.budget, len(state.history) if state is not None else 0)

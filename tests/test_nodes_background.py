@@ -92,7 +92,11 @@ def test_a_jobs_status_moves_only_as_the_state_machine_allows():
     bg = jobs.put(_job())
     assert jobs.update(bg, status="running", message="evaluating") and bg.status == "running"
     assert jobs.update(bg, status="queued", message="next slice queued") and bg.status == "queued"
+    jobs.keep_refs(bg, ["image"], "k")
+    assert bg.refs == ["image"] and bg.refs_key == "k"
     assert jobs.cancel("s") is bg and bg.status == "cancelled" and bg.refs is None
+    jobs.keep_refs(bg, ["sampled as it was cancelled"], "k2")  # a stopped search keeps no images
+    assert bg.refs is None and bg.refs_key == "k"
     for to in ("running", "queued", "paused", "failed", "done"):  # cancelled is terminal: refused, nothing changed
         assert not jobs.update(bg, status=to, message="overwritten") and bg.status == "cancelled"
         assert bg.message.startswith("cancelled")

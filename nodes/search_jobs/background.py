@@ -122,6 +122,13 @@ class Jobs:
         _send(row)  # outside the lock: ComfyUI's send_sync only queues the event
         return True
 
+    def keep_refs(self, job: Job, refs, key: str) -> None:
+        """The reference images a slice sampled, kept for the next slices while the search goes on (a Cancel or
+        the end drops them, and a job that has stopped keeps none)."""
+        with self._lock:
+            if job.status in ACTIVE:
+                job.refs, job.refs_key = refs, key
+
     def cancel(self, job_id: str) -> Optional[Job]:
         """Cancel a search: a background one ends (no more slices, nothing more sampled); a foreground one stops
         before its next image and its prompt goes on with the best policy so far. Its state file is kept either
