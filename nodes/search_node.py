@@ -175,8 +175,8 @@ def _finished(job: SearchJob) -> io.NodeOutput:
 
 def _foreground(job: SearchJob, node_id=None) -> io.NodeOutput:
     """The whole search inside this prompt. The GCache tab lists it as running in the foreground; its Cancel stops
-    the search before its next image (after the reference runs), and the prompt goes on with the best policy so far (the state file
-    is kept, as for a background search)."""
+    the search before its next image (after the reference runs), and the prompt goes on with the best policy so far
+    (the state file is kept, as for a background search)."""
     state = _state(job)
     if state is not None and state.done:
         return _finished(job)
