@@ -2,7 +2,8 @@
 
 - The record file (models/gcache/selfcheck.json in ComfyUI): one verdict per model (its weights key), family adapter,
   ComfyUI version (and the model's code) and GCache version. A fail there turns skipping off for that model until one
-  of them changes; it is never overwritten by a later pass (no later run checks it again). Written atomically,
+  of them changes; it is never overwritten by a later pass (no later run checks it again), and never evicted for
+  room: passes go first, a fail only once a newer fail of the same model replaces it. Written atomically,
   under a lock; a damaged file raises DamagedRecord (the caller sets it aside).
 - A profile's meta "selfcheck": the verdicts of the runs it holds, one per environment (merged profiles keep both
   sides'; a fail wins over a pass of the same environment).
@@ -27,7 +28,8 @@ RECORD_VERSION = 1
 SUBJECT = ("key", "family", "comfyui", "code", "gcache")  # what a verdict is about: a change to any one checks again
 TEXT = ("result", "why", "dtype", "model", "date") + SUBJECT
 NUMBERS = ("error", "tolerance")
-MAX_RECORDS = 1024  # verdicts kept in the record file (the latest); a few hundred bytes each
+MAX_RECORDS = 1024  # verdicts kept in the record file (the latest; fails beyond it, VerdictBook.put); a few hundred
+#                    bytes each
 MAX_IN_META = 16    # verdicts kept in a profile's meta and a policy's provenance
 
 
@@ -59,16 +61,22 @@ def clean(v: Mapping) -> dict:
 
 
 class VerdictBook:
-    """The record file's verdicts by subject."""
+    """The record file's verdicts by subject, the latest `limit` kept, fails never forgotten (`put`)."""
 
-    def __init__(self, verdicts: Optional[dict] = None):
+    def __init__(self, verdicts: Optional[dict] = None, limit: int = MAX_RECORDS):
         self.verdicts: dict[str, dict] = dict(verdicts or {})
+        self.limit = limit
 
     def get(self, subject: Mapping) -> Optional[dict]:
         return self.verdicts.get(subject_key(subject))
 
     def put(self, verdict: Mapping) -> dict:
-        """Keeps `verdict` (a recorded fail stays: nothing checks that subject again); returns the one kept."""
+        """Keeps `verdict` (a recorded fail stays: nothing checks that subject again); returns the one kept.
+
+        Past the limit the oldest pass or "not checked" goes first; a fail goes only once a newer fail of the same
+        model (weights key) has replaced it. A fail nothing replaced is never forgotten: a book of such fails alone
+        grows past the limit (each one a model that failed, a few hundred bytes), and then keeps the newest other
+        verdict beside them."""
         v = clean(verdict)
         key = subject_key(v)
         old = self.verdicts.get(key)
@@ -76,9 +84,26 @@ class VerdictBook:
             return old
         self.verdicts.pop(key, None)
         self.verdicts[key] = v
-        while len(self.verdicts) > MAX_RECORDS:
-            del self.verdicts[next(iter(self.verdicts))]
+        while len(self.verdicts) > self.limit:
+            gone = self._evictable(key)
+            if gone is None:
+                break
+            del self.verdicts[gone]
         return v
+
+    def _evictable(self, newest: str) -> Optional[str]:
+        """The subject to forget first (oldest first): a pass or "not checked" other than `newest`, else a fail
+        with a newer fail of the same model key; None when every other verdict is a fail nothing replaced."""
+        for k, v in self.verdicts.items():
+            if v["result"] != FAIL and k != newest:
+                return k
+        replaced, seen = None, set()
+        for k, v in reversed(self.verdicts.items()):  # newest first: a fail is replaced by one seen before it
+            if v["result"] == FAIL:
+                if v["key"] in seen:
+                    replaced = k  # the oldest such wins (the loop ends on it)
+                seen.add(v["key"])
+        return replaced
 
     def to_json(self) -> str:
         return json.dumps({"format": RECORD_FORMAT, "version": RECORD_VERSION,
@@ -135,10 +160,11 @@ def checks_of(meta: Mapping) -> list[dict]:
 
 
 def with_check(checks: list[dict], verdict: Mapping) -> list[dict]:
-    """`checks` with `verdict` for its subject (a fail of the same subject stays), the latest MAX_IN_META kept."""
-    book = VerdictBook({subject_key(v): v for v in checks})
+    """`checks` with `verdict` for its subject (a fail of the same subject stays), the latest MAX_IN_META kept
+    (fails are kept as in the record file: VerdictBook.put)."""
+    book = VerdictBook({subject_key(v): v for v in checks}, limit=MAX_IN_META)
     book.put(verdict)
-    return list(book.verdicts.values())[-MAX_IN_META:]
+    return list(book.verdicts.values())
 
 
 def merged_checks(meta_a: Mapping, meta_b: Mapping) -> list[dict]:

@@ -143,8 +143,8 @@ def _dispatch(job: SearchJob, prompt, node_id, slice_of, mode: str, slice_second
         job.check_files()  # an unwritable folder, a damaged state file or another search's: before any sampling
     except GCacheError as e:
         bg = background.JOBS.get(slice_of) if slice_of is not None else None
-        if bg is not None and bg.mode == "background" and bg.status in ("queued", "running"):
-            background.JOBS.update(bg, status="failed", message=str(e), refs=None)  # the tab says why it ended
+        if bg is not None and bg.mode == "background":  # the tab says why it ended (unless it had ended)
+            background.JOBS.update(bg, status="failed", message=str(e), refs=None)
         raise
     if slice_of is not None:
         return _slice(job, slice_of, slice_seconds)
@@ -158,8 +158,8 @@ def _nothing(job: SearchJob, why: str, slice_of=None) -> io.NodeOutput:
     log.warning("%s.", why)
     verdicts.show(job.node_id or "", why)
     for bg in (background.JOBS.get(slice_of) if slice_of is not None else None, background.JOBS.get(job.name)):
-        if bg is not None and bg.status in ("queued", "running"):
-            background.JOBS.update(bg, status="failed", message=why, refs=None)  # the tab says why it ended
+        if bg is not None:  # the tab says why it ended (a paused or ended search is left as it is)
+            background.JOBS.update(bg, status="failed", message=why, refs=None)
     policy = Policy.all_ones(job.steps, provenance={"search": "nothing searched: GCache's self-check failed"})
     image = plot_policy(policy, [1.0] * job.steps, f"GCache Search {job.name}: nothing searched (self-check failed)")
     return io.NodeOutput(policy, cc.pil_to_image(image))
@@ -175,8 +175,8 @@ def _finished(job: SearchJob) -> io.NodeOutput:
 
 def _foreground(job: SearchJob, node_id=None) -> io.NodeOutput:
     """The whole search inside this prompt. The GCache tab lists it as running in the foreground; its Cancel stops
-    the search after the evaluation in progress, and the prompt goes on with the best policy so far (the state file
-    is kept, as for a background search)."""
+    the search before its next image (after the reference runs), and the prompt goes on with the best policy so far
+    (the state file is kept, as for a background search)."""
     state = _state(job)
     if state is not None and state.done:
         return _finished(job)
@@ -186,7 +186,8 @@ def _foreground(job: SearchJob, node_id=None) -> io.NodeOutput:
         message="running in the foreground (this prompt): the reference runs", evaluations=done,
         client_id=background.current_client(), mode="foreground"))
     try:
-        refs = job.references(_reference_progress(len(job.seeds)))
+        refs = job.references(_reference_progress(len(job.seeds)))  # all of them: they are its profile too
+        job.cancelled = lambda: fg.cancelled  # from here on a Cancel samples nothing more
         profile = job.load_profile()
         background.JOBS.update(fg, message="running in the foreground (this prompt): evaluating")
         bar = _evaluation_progress(job.config.budget, done)
@@ -198,13 +199,13 @@ def _foreground(job: SearchJob, node_id=None) -> io.NodeOutput:
             bar(info.get("iteration", 0))
 
         def should_stop() -> bool:
-            return comfy.model_management.processing_interrupted() or fg.status == "cancelled"
+            return comfy.model_management.processing_interrupted() or fg.cancelled
 
         try:
             result = job.search(profile, refs, should_stop, progress)
         except SearchInterrupted:
             comfy.model_management.throw_exception_if_processing_interrupted()  # ComfyUI's own Interrupt
-            if fg.status != "cancelled":
+            if not fg.cancelled:
                 raise
             log.info("GCache Search %s: cancelled after %d of %d evaluations; the state file is kept (queue it again "
                      "to resume) and the prompt goes on with the best policy so far.", job.name, fg.evaluations,
@@ -218,11 +219,11 @@ def _foreground(job: SearchJob, node_id=None) -> io.NodeOutput:
         background.JOBS.update(fg, status="paused", message="interrupted: queue GCache Search again to resume")
         raise
     except Exception as e:
-        if fg.status != "cancelled":
-            background.JOBS.update(fg, status="failed", message=str(e))
+        background.JOBS.update(fg, status="failed", message=str(e))  # refused when it was cancelled
         raise
-    background.JOBS.update(fg, status="done", evaluations=len(result.history),
-                           best_loss=float(policy.metrics["loss"]), message=f"done: {job.name}.json saved")
+    if not background.JOBS.update(fg, status="done", evaluations=len(result.history),
+                                  best_loss=float(policy.metrics["loss"]), message=f"done: {job.name}.json saved"):
+        log.info("GCache Search %s: cancelled as it finished; its policy is saved.", job.name)
     return io.NodeOutput(policy, cc.pil_to_image(plot_search(result, [float(t) for t in profile.times])))
 
 
@@ -270,29 +271,36 @@ def _start(job: SearchJob, prompt: dict, node_id: str, slice_seconds: int) -> io
 
 
 def _slice(job: SearchJob, job_id: str, seconds: int) -> io.NodeOutput:
-    """A slice prompt: evaluations for `seconds`, then the next slice (or the end)."""
+    """A slice prompt: evaluations for `seconds`, then the next slice (or the end). Its first act is the move
+    queued → running (Jobs, under its lock): a slice whose search was cancelled, has ended or is already running
+    does nothing. A Cancel after that stops it before its next image (job.cancelled)."""
     bg = background.JOBS.get(job_id)
     if bg is not None and bg.mode != "background":  # the same name was searched in the foreground since
         bg = None
-    if bg is None or bg.status in ("cancelled", "done", "failed"):
+    if bg is None or not background.JOBS.update(bg, status="running", message="evaluating"):
         log.info("GCache Search %s: %s; this slice does nothing.", job_id, "not running" if bg is None else bg.status)
         profile = job.load_profile() if bg is not None else None
         return _report(job, profile, bg) if profile is not None else io.NodeOutput(None, None)
-    if bg.refs is None or bg.refs_key != job.refs_key():
-        bg.refs, bg.refs_key = job.references(_reference_progress(len(job.seeds))), job.refs_key()
-    profile = job.load_profile()
-    state = _state(job)
-    bar = _evaluation_progress(job.config.budget, len(state.history) if state is not None else 0)
-    background.JOBS.update(bg, status="running", message="evaluating")
-
-    def progress(info):
-        best = info.get("best_loss")
-        background.JOBS.update(bg, evaluations=int(info.get("iteration", bg.evaluations)),
-                               best_loss=None if best is None else float(best))
-        bar(bg.evaluations)
-
+    job.cancelled = lambda: bg.cancelled
+    refs = bg.refs  # (a Cancel drops the job's own)
     try:
-        result, why = run_slice(job, profile, bg.refs, seconds, lambda: bg.status == "cancelled", progress)
+        if refs is None or bg.refs_key != job.refs_key():
+            refs, key = job.references(_reference_progress(len(job.seeds))), job.refs_key()
+            background.JOBS.keep_refs(bg, refs, key)
+        profile = job.load_profile()
+        state = _state(job)
+        bar = _evaluation_progress(job.config.budget, len(state.history) if state is not None else 0)
+
+        def progress(info):
+            best = info.get("best_loss")
+            background.JOBS.update(bg, evaluations=int(info.get("iteration", bg.evaluations)),
+                                   best_loss=None if best is None else float(best))
+            bar(bg.evaluations)
+
+        result, why = run_slice(job, profile, refs, seconds, lambda: bg.cancelled, progress)
+    except SearchInterrupted:  # cancelled while it sampled its reference images: nothing more is sampled
+        log.info("GCache Search %s: cancelled; this slice stops.", job_id)
+        return io.NodeOutput(None, None)
     except comfy.model_management.InterruptProcessingException:  # Interrupt mid-evaluation (a BaseException in 0.33)
         background.JOBS.update(bg, status="paused", message="interrupted: queue GCache Search again to resume")
         raise
@@ -301,10 +309,13 @@ def _slice(job: SearchJob, job_id: str, seconds: int) -> io.NodeOutput:
         raise
     if why == "done":
         policy = job.finish(result, profile)
-        background.JOBS.update(bg, status="done", evaluations=len(result.history), refs=None,
-                               best_loss=float(policy.metrics["loss"]),
-                               message=f"done: {os.path.basename(job.state_path)[:-len('.search.json')]}.json saved")
-        log.info("GCache Search %s: done in the background; the policy is saved.", job.name)
+        if not background.JOBS.update(bg, status="done", evaluations=len(result.history), refs=None,
+                                      best_loss=float(policy.metrics["loss"]),
+                                      message=f"done: {os.path.basename(job.state_path)[:-len('.search.json')]}"
+                                              ".json saved"):
+            log.info("GCache Search %s: cancelled as it finished; its policy is saved.", job.name)
+        else:
+            log.info("GCache Search %s: done in the background; the policy is saved.", job.name)
         return io.NodeOutput(policy, cc.pil_to_image(plot_search(result, [float(t) for t in profile.times])))
     if why == "interrupted":
         background.JOBS.update(bg, status="paused", message="interrupted: queue GCache Search again to resume")
@@ -315,14 +326,20 @@ def _slice(job: SearchJob, job_id: str, seconds: int) -> io.NodeOutput:
 
 
 def _queue_next(bg: background.Job, what: str) -> None:
+    """The next slice at the end of ComfyUI's queue, then the move to queued. A Cancel that lands meanwhile stands:
+    the move is refused, and the slice just queued finds the search cancelled and does nothing."""
+    if bg.status not in background.ACTIVE:  # cancelled (or ended) already: queue nothing
+        return
     try:
-        bg.queued_prompt = background.queue_prompt(bg.prompt, bg.client_id)
-        background.JOBS.update(bg, status="queued", message=f"{what}; next slice queued")
+        pid = background.queue_prompt(bg.prompt, bg.client_id)
     except (OSError, RuntimeError, KeyError, ValueError) as e:
-        background.JOBS.update(bg, status="paused", message=f"could not queue the next slice ({e}): queue GCache "
-                                                            "Search again to resume")
-        log.error("GCache Search %s: could not queue the next slice (%s); queue GCache Search again to resume.",
-                  bg.id, e)
+        if background.JOBS.update(bg, status="paused", message=f"could not queue the next slice ({e}): queue "
+                                                                 "GCache Search again to resume"):
+            log.error("GCache Search %s: could not queue the next slice (%s); queue GCache Search again to resume.",
+                      bg.id, e)
+        return
+    if not background.JOBS.update(bg, status="queued", queued_prompt=pid, message=f"{what}; next slice queued"):
+        log.info("GCache Search %s: cancelled while its next slice was queued; that slice will do nothing.", bg.id)
 
 
 def _state(job: SearchJob):

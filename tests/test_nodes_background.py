@@ -6,7 +6,7 @@ import os
 import pytest
 
 from gcache.core.errors import GCacheError
-from gcache.nodes.search_jobs.background import Jobs, file_names
+from gcache.nodes.search_jobs.background import MOVES, Job, Jobs, file_names
 from gcache.search.loop import run_search
 from gcache.search.config import SearchConfig
 from gcache.search.state import load_state
@@ -80,3 +80,78 @@ def test_an_unreadable_state_file_is_named_by_its_file_name(tmp_path):
     with pytest.raises(GCacheError) as e:
         load_state(str(path))
     assert "x.search.json" in str(e.value) and str(tmp_path) not in str(e.value)
+
+
+# ------------------------------------------------------------------------------------------- a job's status
+def _job(status="queued", mode="background"):
+    return Job("s", "/x/s.search.json", 30, "6", {}, status=status, mode=mode)
+
+
+def test_a_jobs_status_moves_only_as_the_state_machine_allows():
+    jobs = Jobs()
+    bg = jobs.put(_job())
+    assert jobs.update(bg, status="running", message="evaluating") and bg.status == "running"
+    assert jobs.update(bg, status="queued", message="next slice queued") and bg.status == "queued"
+    jobs.keep_refs(bg, ["image"], "k")
+    assert bg.refs == ["image"] and bg.refs_key == "k"
+    assert jobs.cancel("s") is bg and bg.status == "cancelled" and bg.refs is None
+    jobs.keep_refs(bg, ["sampled as it was cancelled"], "k2")  # a stopped search keeps no images
+    assert bg.refs is None and bg.refs_key == "k"
+    for to in ("running", "queued", "paused", "failed", "done"):  # cancelled is terminal: refused, nothing changed
+        assert not jobs.update(bg, status=to, message="overwritten") and bg.status == "cancelled"
+        assert bg.message.startswith("cancelled")
+    for end in ("done", "failed"):
+        job = jobs.put(Job(end, "/x/e.search.json", 30, "6", {}, status="running"))
+        assert jobs.update(job, status=end, message="the end")
+        assert jobs.cancel(end).status == end and job.message == "the end"  # an ended search is left as it is
+        assert not jobs.update(job, status="running")
+    paused = jobs.put(Job("p", "/x/p.search.json", 30, "6", {}, status="running"))
+    assert jobs.update(paused, status="paused")
+    assert not jobs.update(paused, status="running") and not jobs.update(paused, status="queued")  # resumed anew
+    assert jobs.cancel("p").status == "cancelled"
+    running = jobs.put(Job("r", "/x/r.search.json", 30, "6", {}, status="running"))
+    assert not jobs.update(running, status="running")  # a second slice of a running search does nothing
+    assert jobs.update(running, evaluations=3) and running.evaluations == 3  # no move: always allowed
+    assert jobs.cancel("nobody") is None
+    with pytest.raises(ValueError, match="no job status"):
+        jobs.update(running, status="finished")
+    with pytest.raises(ValueError, match="can't start"):
+        jobs.put(Job("z", "/x/z.search.json", 30, "6", {}, status="whatever"))
+
+
+def test_every_state_in_the_machine_is_named_and_only_the_documented_moves_exist():
+    assert set(MOVES) == {"queued", "running", "paused", "cancelled", "done", "failed"}
+    assert all(MOVES[s] <= set(MOVES) for s in MOVES)
+    assert MOVES["cancelled"] == MOVES["done"] == MOVES["failed"] == set()  # terminal
+    assert MOVES["paused"] == {"cancelled"}
+    assert "cancelled" in MOVES["queued"] and "cancelled" in MOVES["running"]
+
+
+class _Watched(Job):
+    """A job that notes, at each change of a field and at each public(), whether its Jobs' lock was held."""
+    lock = None
+    seen: list = []
+
+    def __setattr__(self, k, v):
+        if self.lock is not None and k not in ("lock",):
+            _Watched.seen.append((k, self.lock.locked()))
+        super().__setattr__(k, v)
+
+    def public(self):
+        if self.lock is not None:
+            _Watched.seen.append(("public", self.lock.locked()))
+        return super().public()
+
+
+def test_update_cancel_and_listing_run_under_the_lock(tmp_path):
+    jobs = Jobs()
+    job = _Watched("s", str(tmp_path / "s.search.json"), 30, "6", {})
+    jobs.put(job)
+    job.lock = jobs._lock
+    _Watched.seen = []
+    jobs.update(job, status="running", evaluations=2, message="evaluating")
+    jobs.listing([str(tmp_path)])
+    jobs.cancel("s")
+    fields = {k for k, _ in _Watched.seen}
+    assert {"status", "evaluations", "message", "updated", "public", "refs"} <= fields
+    assert all(held for _, held in _Watched.seen), _Watched.seen

@@ -87,6 +87,62 @@ def test_the_record_file_keeps_the_latest_verdicts():
     assert book.get(verdict(key=f"{MAX_RECORDS + 4:08x}")) is not None
 
 
+def test_a_fail_is_never_evicted_by_passes_of_other_models(tmp_path):
+    """One fail, then more passes of other models than the book holds: the fail stays (the oldest passes go)."""
+    path = str(tmp_path / "selfcheck.json")
+    book = VerdictBook()
+    book.put(verdict("fail", key="ffffffff"))
+    for i in range(MAX_RECORDS + 50):
+        book.put(verdict(key=f"{i:08x}"))
+    assert book.get(verdict(key="ffffffff"))["result"] == "fail"
+    assert len(book.verdicts) == MAX_RECORDS
+    assert book.get(verdict(key="00000000")) is None and book.get(verdict(key=f"{MAX_RECORDS + 49:08x}")) is not None
+    # the same through the record file, read and written again on every verdict
+    atomic = VerdictBook.from_json(book.to_json())
+    atomic.put(verdict(key="eeeeeeee"))
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(atomic.to_json())
+    record(path, verdict(key="dddddddd"))
+    kept = VerdictBook.load(path)
+    assert kept.get(verdict(key="ffffffff"))["result"] == "fail" and len(kept.verdicts) == MAX_RECORDS
+
+
+def test_a_fail_goes_only_when_a_fail_of_the_same_model_replaces_it():
+    """A full book: the oldest pass goes first; with no pass left, the oldest fail of a model that has a newer fail
+    (its weights key, checked again on another ComfyUI, model code or GCache) goes; a fail nothing replaced stays."""
+    book = VerdictBook(limit=4)
+    book.put(verdict("fail", key="a", comfyui="0.33.0"))
+    book.put(verdict("fail", key="b"))
+    book.put(verdict(key="c"))
+    book.put(verdict("fail", key="d"))
+    book.put(verdict("fail", key="a", comfyui="0.34.0"))  # the pass of c goes, not the older fail of a
+    assert [(v["key"], v["comfyui"]) for v in book.verdicts.values()] == \
+        [("a", "0.33.0"), ("b", "0.33.0"), ("d", "0.33.0"), ("a", "0.34.0")]
+    book.put(verdict("fail", key="e"))  # no pass left: a's older fail, replaced by its newer one, goes
+    assert [(v["key"], v["comfyui"]) for v in book.verdicts.values()] == \
+        [("b", "0.33.0"), ("d", "0.33.0"), ("a", "0.34.0"), ("e", "0.33.0")]
+
+
+def test_a_book_full_of_fails_grows_and_keeps_the_newest_pass():
+    """Decided: fails are never forgotten, so a book of fails alone grows past its limit (each is a model that
+    failed; a few hundred bytes). A pass put then is kept too (the newest non-fail), and it is the first to go."""
+    book = VerdictBook(limit=3)
+    for k in "abcd":
+        book.put(verdict("fail", key=k))
+    assert len(book.verdicts) == 4 and all(v["result"] == "fail" for v in book.verdicts.values())
+    assert book.put(verdict(key="p"))["result"] == "pass" and book.get(verdict(key="p")) is not None
+    book.put(verdict("not checked", key="q", error=None, tolerance=None))
+    assert book.get(verdict(key="p")) is None and book.get(verdict(key="q")) is not None  # the older non-fail went
+    assert len(book.verdicts) == 5 and sum(v["result"] == "fail" for v in book.verdicts.values()) == 4
+
+
+def test_a_profiles_verdicts_keep_every_fail():
+    checks = with_check([], verdict("fail", key="ffffffff"))
+    for i in range(40):
+        checks = with_check(checks, verdict(key=f"{i:08x}"))
+    assert len(checks) == 16 and failed(checks)["key"] == "ffffffff" and checks[-1]["key"] == f"{39:08x}"
+
+
 def test_an_infinite_error_is_written_as_a_number(tmp_path):
     path = str(tmp_path / "selfcheck.json")
     kept = record(path, verdict("fail", error=float("inf")))

@@ -229,7 +229,8 @@ class RunState:
             if ln.entered:  # entered twice without leaving (a model that runs its stack twice per call)
                 self._unpaired(ln)
                 return run_block(x)
-            h = streams.take_image(x, layout, None, img_slice, where)
+            with (self.alloc_context or contextlib.nullcontext)():  # held to the last block (LTX-2 packs a copy)
+                h = streams.take_image(x, layout, None, img_slice, where)
             ln.n_img = h.shape[1]
             ln.compute = ln.cache.enter(h, ln.branches)
             ln.entered = True

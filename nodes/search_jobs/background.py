@@ -12,9 +12,10 @@ queue, the same in every ComfyUI version), on loopback, under the client id of t
 ComfyUI sends a prompt's events (progress on the node included) to the client that queued it.
 
 Jobs is the one owner of the searches this ComfyUI process runs: status for the frontend panel (web/gcache.js) over
-GET /gcache/searches and the "gcache.search" event, Cancel (POST /gcache/searches/{id}/cancel: the search ends, its
-state file is kept), and the reference images kept between slices. A foreground search (mode "foreground": one prompt
-searches until done) is listed too, as running in the foreground; Cancel stops it after the evaluation in progress.
+GET /gcache/searches and the "gcache.search" event, Cancel (POST /gcache/searches/{id}/cancel: the search ends before
+its next image, its state file is kept), and the reference images kept between slices. A job's status is a state
+machine (MOVES). A foreground search (mode "foreground": one prompt searches until done) is listed too, as running in
+the foreground; Cancel stops it before its next image.
 A server that was killed lists its unfinished state files as paused; queueing GCache Search again resumes them.
 """
 from __future__ import annotations
@@ -37,15 +38,28 @@ SLICE_KEY = "gcache_slice"  # in a slice prompt's GCache Search inputs: the sear
 EVENT = "gcache.search"
 
 
+# A job's status is a state machine: queued → running → queued (next slice) | paused | done | failed | cancelled.
+# Cancelled, done (finished) and failed are terminal; paused can only be cancelled. Queueing GCache Search again
+# resumes a paused, cancelled or failed search as a new Job (its state file is kept), never by moving the old one.
+# "queued → queued": the start's first slice queued (the job is put as queued, then says so).
+MOVES = {
+    "queued": {"queued", "running", "paused", "failed", "cancelled"},
+    "running": {"queued", "paused", "done", "failed", "cancelled"},
+    "paused": {"cancelled"},
+    "cancelled": set(), "done": set(), "failed": set(),
+}
+ACTIVE = ("queued", "running")
+
+
 @dataclass
 class Job:
-    """One background search, as this process knows it."""
+    """One background search, as this process knows it. Its status changes only through Jobs (under its lock)."""
     id: str                          # the policy name (one search per name and folder)
     state_path: str
     budget: int
     node_id: str
     prompt: dict                     # the slice prompt queued for each slice
-    status: str = "queued"           # queued | running | paused | cancelled | done | failed
+    status: str = "queued"           # see MOVES
     evaluations: int = 0             # history entries so far (instant masks and start grid included)
     best_loss: Optional[float] = None
     message: str = ""
@@ -62,42 +76,76 @@ class Job:
                 "state_file": os.path.basename(self.state_path), "mode": self.mode,
                 "updated": round(self.updated, 3)}
 
+    @property
+    def cancelled(self) -> bool:
+        return self.status == "cancelled"
+
 
 class Jobs:
+    """The searches of this process. Every change of a job (its status above all) happens under one lock, so that a
+    Cancel from the server's thread is never overwritten by the prompt thread's slice: a move MOVES does not allow
+    is refused (update returns False) and the caller stops."""
+
     def __init__(self):
         self._jobs: dict[str, Job] = {}
         self._lock = threading.Lock()
 
     def get(self, job_id: str) -> Optional[Job]:
-        return self._jobs.get(job_id)
+        with self._lock:
+            return self._jobs.get(job_id)
 
     def put(self, job: Job) -> Job:
+        if job.status not in MOVES:
+            raise ValueError(f"GCache internal error: a job can't start as {job.status!r}")
         with self._lock:
             self._jobs[job.id] = job
-        self.update(job)
+            job.updated = time.time()
+            row = job.public()
+        _send(row)
         return job
 
-    def update(self, job: Job, **changes) -> None:
-        for k, v in changes.items():
-            setattr(job, k, v)
-        job.updated = time.time()
-        _send(job.public())
+    def update(self, job: Job, status: Optional[str] = None, **changes) -> bool:
+        """Applies `changes` (and the move to `status`) at once; False, with nothing changed, when the job's status
+        may not move to `status` (it was cancelled or has ended meanwhile)."""
+        with self._lock:
+            if status is not None:
+                if status not in MOVES:
+                    raise ValueError(f"GCache internal error: no job status {status!r}")
+                if status not in MOVES[job.status]:
+                    log.debug("GCache Search %s: %s → %s refused.", job.id, job.status, status)
+                    return False
+                job.status = status
+            for k, v in changes.items():
+                setattr(job, k, v)
+            job.updated = time.time()
+            row = job.public()
+        _send(row)  # outside the lock: ComfyUI's send_sync only queues the event
+        return True
+
+    def keep_refs(self, job: Job, refs, key: str) -> None:
+        """The reference images a slice sampled, kept for the next slices while the search goes on (a Cancel or
+        the end drops them, and a job that has stopped keeps none)."""
+        with self._lock:
+            if job.status in ACTIVE:
+                job.refs, job.refs_key = refs, key
 
     def cancel(self, job_id: str) -> Optional[Job]:
-        """Cancel a search: a background one ends (no more slices); a foreground one stops after the evaluation in
-        progress and its prompt goes on with the best policy so far. Its state file is kept either way."""
-        job = self._jobs.get(job_id)
-        if job is not None and job.status not in ("done", "failed"):
+        """Cancel a search: a background one ends (no more slices, nothing more sampled); a foreground one stops
+        before its next image and its prompt goes on with the best policy so far. Its state file is kept either
+        way. A search that has ended is left as it is."""
+        job = self.get(job_id)
+        if job is not None:
             then = " (the prompt goes on with the best policy so far)" if job.mode == "foreground" else ""
-            self.update(job, status="cancelled", message=f"cancelled{then}; its state file is kept: queue GCache "
-                                                         "Search again to resume", refs=None)
+            self.update(job, status="cancelled", refs=None,
+                        message=f"cancelled{then}; its state file is kept: queue GCache Search again to resume")
         return job
 
     def listing(self, folders: list[str]) -> list[dict]:
         """The searches of this process, then the other state files in the gcache folders: finished ones (done, as
         their policy file says) and unfinished ones (paused: a server that was killed or restarted)."""
-        out = [j.public() for j in sorted(self._jobs.values(), key=lambda j: -j.updated)]
-        known = {j.state_path for j in self._jobs.values()}
+        with self._lock:  # one consistent picture of the jobs; the folders are read after
+            out = [j.public() for j in sorted(self._jobs.values(), key=lambda j: -j.updated)]
+            known = {j.state_path for j in self._jobs.values()}
         for folder in folders:
             if not os.path.isdir(folder):
                 continue

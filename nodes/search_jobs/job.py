@@ -66,6 +66,7 @@ class SearchJob:
     profile: Optional[Profile] = None   # connected; else the reference runs are profiled
     not_recorded: list = field(default_factory=list)  # why a reference run was not added to the search's profile
     node_id: Optional[str] = None       # the node that shows the self-check's verdicts
+    cancelled: Callable[[], bool] = lambda: False  # asked before every image (run): a Cancel samples nothing more
 
     @property
     def state_path(self) -> str:
@@ -88,6 +89,14 @@ class SearchJob:
         return content_hash(self.provenance())
 
     def run(self, m, seed: int):
+        """One image of `seed` under `m` (a reference, an evaluation's or a fresh seed's): SearchInterrupted instead
+        once the search is cancelled, so that nothing is sampled after a Cancel (an evaluation cut short is
+        dispatched again on resume: the state file holds it as pending)."""
+        if self.cancelled():
+            raise SearchInterrupted(f"GCache Search {self.name} was cancelled; nothing more is sampled.")
+        return self.sample_image(m, seed)
+
+    def sample_image(self, m, seed: int):
         return decode(self.vae, sample(m, seed, self.steps, self.cfg, self.sampler_name, self.scheduler,
                                        self.positive, self.negative, self.latent))
 
@@ -314,8 +323,8 @@ def run_slice(job: SearchJob, profile: Profile, refs: list, seconds: float, canc
 
     try:
         return job.search(profile, refs, should_stop, on_progress), "done"
-    except SearchInterrupted:
-        return None, why[0]
+    except SearchInterrupted:  # should_stop said why; else job.run found the search cancelled mid-evaluation
+        return None, "cancelled" if why[0] == "time" and cancelled() else why[0]
 
 
 def _readable(path: str) -> Optional[Profile]:

@@ -1,11 +1,14 @@
-"""ComfyUI's memory compiler (0.34+) against a stand-in `comfy.model_prefetch` with its names, in real ComfyUI on
-whichever tree COMFYUI_PATH points to (neither 0.3.64 nor 0.33 has the compiler; no real 0.34+ tree was tried).
+"""ComfyUI's memory compiler, both generations, against stand-in `comfy.model_prefetch` modules with their names, in
+real ComfyUI on whichever tree COMFYUI_PATH points to (neither 0.3.64 nor 0.33 has the compiler; no real tree with it
+was tried).
 
 The stand-in: `malloc_graph_enabled(device)` reads `args.disable_comfy_compiler` on every call (as the real one
-does), `pause_malloc_graph()` counts its pauses, and a DIFFUSION_MODEL wrapper plays the compiler's recording around
-the model's forward while it is enabled: a torch dispatch mode notes every new storage made while not paused, and
-after the forward (its output copied out, as MiniMax H3's forward does) a storage of the recording that is still
-alive is what the real compiler aborts on. A plain model leaves none.
+does), `pause_malloc_graph()` counts its pauses (the newest generation; the per-module graph generation has none),
+and a DIFFUSION_MODEL wrapper plays the compiler's recording around the model's forward while it is enabled: a torch
+dispatch mode notes every new storage made while not paused, and after the forward (its output copied out, as
+MiniMax H3's forward does) a storage of the recording that is still alive is what the real compiler aborts on. A
+plain model leaves none. On 0.33, whose LTX-2 block loop calls comfy.model_prefetch.prefetch_queue_pop before each
+block and once after the last, the recording also notes which block made each storage.
 """
 import contextlib
 import gc
@@ -41,7 +44,10 @@ MASK = [1, 0, 1, 0, 0, 1]
 class StandIn:
     """What the stand-in module saw: the flag at each forward, pauses, recorded forwards and their survivors."""
 
-    def __init__(self):
+    def __init__(self, has_pause=True):
+        self.has_pause = has_pause
+        self.block = None  # the block the forward is in (LTX-2 on 0.33: see block_boundaries)
+        self.mode = None   # the recording of the forward in progress
         self.paused = 0
         self.pauses = 0
         self.flags: list = []
@@ -65,7 +71,8 @@ class StandIn:
     def module(self):
         mod = types.ModuleType("comfy.model_prefetch")
         mod.malloc_graph_enabled = self.malloc_graph_enabled
-        mod.pause_malloc_graph = self.pause_malloc_graph
+        if self.has_pause:
+            mod.pause_malloc_graph = self.pause_malloc_graph
         return mod
 
 
@@ -74,13 +81,17 @@ class Recording(TorchDispatchMode):
         super().__init__()
         self.standin = standin
         self.made: list = []
+        self.by_block: dict = {}  # block index -> storages made there, not paused
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if not self.standin.paused:
             given = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if torch.is_tensor(t)}
-            self.made += [StorageWeakRef(t.untyped_storage()) for t in tree_leaves(out)
-                          if torch.is_tensor(t) and t.numel() and t.untyped_storage().data_ptr() not in given]
+            new = [StorageWeakRef(t.untyped_storage()) for t in tree_leaves(out)
+                   if torch.is_tensor(t) and t.numel() and t.untyped_storage().data_ptr() not in given]
+            self.made += new
+            if self.standin.block is not None:
+                self.by_block.setdefault(self.standin.block, []).extend(new)
         return out
 
 
@@ -88,12 +99,15 @@ def recorded(model, standin):
     """`model` with the stand-in's recording around its diffusion model's forward."""
     def recording(executor, *args, **kwargs):
         standin.flags.append(comfy.cli_args.args.disable_comfy_compiler)
-        if not standin.malloc_graph_enabled(args[0].device):
+        if not standin.malloc_graph_enabled(next(t for t in tree_leaves(args[0]) if torch.is_tensor(t)).device):
             return executor(*args, **kwargs)
-        mode = Recording(standin)
-        with mode:
-            out = executor(*args, **kwargs)
-        result = out.clone()
+        mode = standin.mode = Recording(standin)
+        try:
+            with mode:
+                out = executor(*args, **kwargs)
+        finally:
+            standin.mode = None
+        result = type(out)(t.clone() for t in out) if isinstance(out, (list, tuple)) else out.clone()
         del out
         gc.collect()
         standin.recorded += 1
@@ -107,6 +121,15 @@ def recorded(model, standin):
 @pytest.fixture()
 def standin(monkeypatch):
     s = StandIn()
+    monkeypatch.setitem(sys.modules, "comfy.model_prefetch", s.module())
+    monkeypatch.setattr(comfy.cli_args.args, memory_compiler.FLAG, False, raising=False)
+    return s
+
+
+@pytest.fixture()
+def standin_without_pause(monkeypatch):
+    """The per-module graph generation: the compiler and its switch, no pause_malloc_graph."""
+    s = StandIn(has_pause=False)
     monkeypatch.setitem(sys.modules, "comfy.model_prefetch", s.module())
     monkeypatch.setattr(comfy.cli_args.args, memory_compiler.FLAG, False, raising=False)
     return s
@@ -189,3 +212,95 @@ def test_this_tree_has_no_memory_compiler(flux, caplog):
     with caplog.at_level("DEBUG", logger="gcache"):
         ksample(apply(m, MASK), pos, neg, lat)
     assert "memory compiler" not in caplog.text
+
+
+# ------------------------------------------------------------------------------ the per-module graph (no pause)
+def test_a_compiler_without_a_pause_is_found(standin_without_pause):
+    api = memory_compiler.find()
+    assert api is not None and api.pause is None and api.args is comfy.cli_args.args
+
+
+@pytest.mark.parametrize("run", ["skips", "profile", "all ones"])
+def test_a_compiler_without_a_pause_is_off_for_every_block_patched_run(flux, standin_without_pause, tmp_path,
+                                                                       caplog, run):
+    """Nothing GCache keeps across steps can be made outside its recording: off for the whole run, whether it
+    skips or computes every step, and back on after it; nothing of a recording survives (there is none)."""
+    m, pos, neg, lat = flux
+    s = standin_without_pause
+    patched = {"skips": lambda: apply(m, MASK), "all ones": lambda: apply(m, [1] * N),
+               "profile": lambda: hooks.patch_model(m, profile_mode.profile_config(
+                   m, str(tmp_path / "p.profile.safetensors")))}[run]()
+    with caplog.at_level("INFO", logger="gcache"):
+        out = ksample(recorded(patched, s), pos, neg, lat)
+    forwards = len(s.flags)
+    assert forwards >= N and s.flags == [True] * forwards and s.recorded == 0, s.flags
+    assert comfy.cli_args.args.disable_comfy_compiler is False
+    assert "memory compiler is off for this run: this ComfyUI's compiler has no pause_malloc_graph" in caplog.text
+    assert torch.isfinite(out).all()
+    plain = ksample(recorded(m, s), pos, neg, lat)  # without GCache: on, and nothing survives
+    assert s.flags[forwards:] == [False] * N and s.recorded == N and s.survivors == [0] * N
+    if run != "skips":
+        assert torch.equal(out, plain)
+
+
+def test_a_compiler_without_a_pause_respects_the_users_flag(flux, standin_without_pause, caplog):
+    m, pos, neg, lat = flux
+    comfy.cli_args.args.disable_comfy_compiler = True
+    with caplog.at_level("INFO", logger="gcache"):
+        ksample(recorded(apply(m, MASK), standin_without_pause), pos, neg, lat)
+    assert standin_without_pause.flags == [True] * N and comfy.cli_args.args.disable_comfy_compiler is True
+    assert "memory compiler is off (--disable-comfy-compiler); GCache leaves it off" in caplog.text
+
+
+# ------------------------------------------------------------------------------ LTX-2's joint stream (0.33)
+@pytest.fixture()
+def block_boundaries(monkeypatch, standin):
+    """0.33's LTX-2 loop asks comfy.model_prefetch.prefetch_queue_pop (the real module, which its code holds) before
+    each block and once after the last: the stand-in learns there which block the forward is in. Before block 2 it
+    notes how many storages block 0 made (not paused) are still alive: block 0's own output is gone by then (block 1
+    has replaced it), so what is left is something held past the block that made it, which a newest-generation
+    compiler (recording block by block) aborts on. Returns those counts, one per forward."""
+    try:
+        import comfy.model_prefetch as real
+        import tiny_video_models_033  # noqa: F401  (LTX-2 is new in 0.33)
+    except ImportError:
+        pytest.skip("this ComfyUI has no LTX-2 or no comfy.model_prefetch")
+    original, held_over = real.prefetch_queue_pop, []
+
+    def pop(queue, device, module, *a, **k):
+        out = original(queue, device, module, *a, **k)
+        standin.block = None if module is None else 0 if standin.block is None else standin.block + 1
+        if standin.block == 2 and standin.mode is not None:
+            gc.collect()
+            held_over.append(sum(not w.expired() for w in standin.mode.by_block.get(0, [])))
+        return out
+    monkeypatch.setattr(real, "prefetch_queue_pop", pop)
+    return held_over
+
+
+def ltx2_with_3_blocks(tmpdir):
+    """tiny_video_models_033.ltx2 with 3 blocks (block 0's output is gone before block 2)."""
+    import tiny_video_models_033 as tvm
+    build = tvm._patcher_scaled
+
+    def three(model_config_cls, cfg, seed, scale):
+        return build(model_config_cls, {**cfg, "num_layers": 3}, seed, scale)
+    tvm._patcher_scaled = three
+    try:
+        return tvm.ltx2(tmpdir)
+    finally:
+        tvm._patcher_scaled = build
+
+
+def test_ltx2s_joint_stream_is_made_outside_the_recording(standin, block_boundaries, tmp_path):
+    """A Profile run of LTX-2 computes every step with the compiler on: the video + audio tensor GCache packs at
+    block 0 (its stack input, held to the last block) is made under the pause, so nothing block 0 made is alive at
+    block 2 (as without GCache)."""
+    m, pos, neg, lat = ltx2_with_3_blocks(str(tmp_path))
+    assert len(m.model.diffusion_model.transformer_blocks) == 3
+    ksample(recorded(m, standin), pos, neg, lat)  # without GCache: nothing held over
+    assert block_boundaries == [0] * N and standin.recorded == N
+    path = str(tmp_path / "ltx2.profile.safetensors")
+    ksample(recorded(hooks.patch_model(m, profile_mode.profile_config(m, path)), standin), pos, neg, lat)
+    assert standin.recorded == 2 * N and standin.flags[N:] == [False] * N + [True]
+    assert block_boundaries == [0] * 2 * N and standin.survivors == [0] * 2 * N
