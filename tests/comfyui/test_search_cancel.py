@@ -128,6 +128,20 @@ def evaluations_in_state(job) -> int:
     return len(state.history) if state is not None else 0
 
 
+def cancelled_at(slices, point: str, **start_kw):
+    """A slice run in a thread until it reaches `point` (a barrier of CountedJob), cancelled there from this thread,
+    then let go: (jobs, the queued slice prompts, the job), once the slice's thread has ended."""
+    jobs, queued, _, folder = slices
+    barrier = Barrier()
+    job = CountedJob(folder, {point: barrier})
+    start(jobs, job, **start_kw)
+    t = slice_in_thread(job)
+    cancel_at(jobs, barrier, t)
+    barrier.go.set()
+    settle(t)
+    return jobs, queued, job
+
+
 def the_queued_slice_samples_nothing(jobs, queued, job, before):
     """Every slice prompt in the queue runs: the search stays cancelled and nothing more is sampled."""
     for _ in range(len(queued)):
@@ -159,14 +173,7 @@ def test_a_cancel_before_the_slices_status_check(slices):
 def test_a_cancel_between_the_status_check_and_the_status_write(slices):
     """The old slice checked the status, then loaded its profile, then set running unconditionally: a Cancel there
     was overwritten, and the slice evaluated and queued the next one."""
-    jobs, queued, _, folder = slices
-    barrier = Barrier()
-    job = CountedJob(folder, {"load_profile": barrier})
-    start(jobs, job)
-    t = slice_in_thread(job)
-    cancel_at(jobs, barrier, t)
-    barrier.go.set()
-    settle(t)
+    jobs, queued, job = cancelled_at(slices, "load_profile")
     assert job.sampled == [] and jobs.get(NAME).status == "cancelled" and queued == []
     assert evaluations_in_state(job) == 0
     the_queued_slice_samples_nothing(jobs, queued, job, [])
@@ -175,14 +182,7 @@ def test_a_cancel_between_the_status_check_and_the_status_write(slices):
 def test_a_cancel_while_a_slice_samples_its_reference_images_again(slices):
     """A slice without the references (dropped, or sampled from another prompt): a Cancel after the first image
     stops it there; no second image, no evaluation."""
-    jobs, queued, _, folder = slices
-    barrier = Barrier()
-    job = CountedJob(folder, {"ref1": barrier})
-    start(jobs, job, refs=None)
-    t = slice_in_thread(job)
-    cancel_at(jobs, barrier, t)
-    barrier.go.set()
-    settle(t)
+    jobs, queued, job = cancelled_at(slices, "ref1", refs=None)
     assert job.sampled == ["ref"] and jobs.get(NAME).status == "cancelled" and queued == []
     assert evaluations_in_state(job) == 0
     the_queued_slice_samples_nothing(jobs, queued, job, ["ref"])
@@ -190,14 +190,7 @@ def test_a_cancel_while_a_slice_samples_its_reference_images_again(slices):
 
 def test_a_cancel_in_the_middle_of_an_evaluation(slices):
     """Between two seeds of one evaluation: the second seed is not sampled (the evaluation is redone on resume)."""
-    jobs, queued, _, folder = slices
-    barrier = Barrier()
-    job = CountedJob(folder, {"eval1": barrier})
-    start(jobs, job)
-    t = slice_in_thread(job)
-    cancel_at(jobs, barrier, t)
-    barrier.go.set()
-    settle(t)
+    jobs, queued, job = cancelled_at(slices, "eval1")
     assert job.sampled == ["eval"] and jobs.get(NAME).status == "cancelled" and queued == []
     the_queued_slice_samples_nothing(jobs, queued, job, ["eval"])
 
