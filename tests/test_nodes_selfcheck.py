@@ -293,6 +293,36 @@ def test_what_a_raising_replay_means_fail_or_not_checked(monkeypatch):
         assert check.outcome().result == NOT_CHECKED and "interrupted" in check.outcome().why
 
 
+def test_out_of_memory_is_told_on_a_torch_before_2_5_and_an_exit_is_not_swallowed(monkeypatch):
+    """torch.OutOfMemoryError came with torch 2.5 (ComfyUI pins no torch): without it the check still tells out of
+    memory (the CUDA one, Python's MemoryError) and nothing else raises in its place. SystemExit or GeneratorExit
+    in the replay are not the model's: they go on, unrecorded."""
+    from gcache.nodes.patching import selfcheck as sc
+    before_2_5 = SimpleNamespace(cuda=torch.cuda)  # a torch module without OutOfMemoryError
+    assert sc.oom_types(before_2_5) == (torch.cuda.OutOfMemoryError, MemoryError)
+    monkeypatch.setattr(sc, "OOM_TYPES", sc.oom_types(before_2_5))
+    for oom in (torch.cuda.OutOfMemoryError("CUDA out of memory"), MemoryError()):
+        assert "out of memory" in sc.not_checked_why(oom)
+    assert sc.not_checked_why(RuntimeError("Tensors must have same number of dimensions")) is None
+    check = RunCheck(ADAPTER, len(SIGMAS) - 2)
+    with pytest.raises(SystemExit):
+        sample(RaisesInReplay(patches("toy"), "middle", SystemExit(3)), check)
+    assert check.problems == [] and check.skipped == []
+
+
+def test_a_fault_of_the_checks_own_code_is_not_a_fail(monkeypatch):
+    """A fail is kept for good (verdicts never forget one): a bug in the check's own code outside the replay says
+    nothing about the skip path, so it leaves the call not checked and asks for a report."""
+    from gcache.nodes.patching import selfcheck as sc
+
+    def broken(*a, **kw):
+        raise KeyError("a bug of the check")
+    monkeypatch.setattr(sc, "replay_error", broken)
+    plain, out, outcome, _, _ = checked()
+    assert torch.equal(out, plain) and outcome.result == NOT_CHECKED, outcome
+    assert "the self-check's own code raised KeyError" in outcome.why and "please report" in outcome.why
+
+
 def test_an_exception_of_the_engines_skip_path_is_a_fail(monkeypatch):
     def broken(self, *a, **kw):
         raise RuntimeError("Expected all tensors to be on the same device")

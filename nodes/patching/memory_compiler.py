@@ -10,8 +10,9 @@ call. The generations (docs/families.md names which were verified against what):
 - none: no comfy.model_prefetch (0.3.64), or one without `malloc_graph_enabled` (0.33: CUDA graphs of text
   encoders only). find() returns None; nothing to do;
 - the per-module graph (public ComfyUI after 0.33): `malloc_graph_enabled`, `malloc_graph_begin(module, device)`,
-  a graph kept per module, and no `pause_malloc_graph`: GCache can't make what it keeps across steps outside the
-  recording, so every block-patched run turns the compiler off for itself (Compiler.pause is None);
+  a graph kept per module, and no `pause_malloc_graph` (its graphs pause through an internal per-thread registry,
+  which is no API to rely on): GCache doesn't make what it keeps across steps outside the recording there, so every
+  block-patched run turns the compiler off for itself (Compiler.pause is None);
 - the per-thread graph with `pause_malloc_graph()` (the newest): see below.
 
 What GCache does with the newest, per sampling run of a block-patched model:
@@ -137,8 +138,8 @@ def for_run(run, route: Route, device):
         yield
         return
     if api.pause is None:
-        why = ("this ComfyUI's compiler has no pause_malloc_graph, so the tensors GCache keeps across steps can't be "
-               "made outside its recording")
+        why = ("this ComfyUI's compiler has no pause_malloc_graph, the API GCache makes the tensors it keeps across "
+               "steps under, outside the recording")
     elif run.may_skip:
         why = ("the steps GCache skips run none of the blocks it records, so its per-step allocation pattern would "
                "change")

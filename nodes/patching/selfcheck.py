@@ -40,6 +40,15 @@ LANE_STATE = ("branches", "compute", "n_img", "patches", "entered", "through", "
 OOM_WORDS = ("out of memory", "can't allocate memory")  # CUDA/MPS and the CPU allocator, raised as RuntimeError
 
 
+def oom_types(t=torch) -> tuple:
+    """What running out of memory raises: torch.OutOfMemoryError exists from torch 2.5 on (ComfyUI pins no torch;
+    older ones have only the CUDA one), and Python's MemoryError."""
+    return getattr(t, "OutOfMemoryError", t.cuda.OutOfMemoryError), MemoryError
+
+
+OOM_TYPES = oom_types()
+
+
 def interrupted(e: BaseException) -> bool:
     """A user's interrupt: KeyboardInterrupt, or ComfyUI's InterruptProcessingException (looked up where ComfyUI
     already imported it: this file imports no ComfyUI)."""
@@ -51,8 +60,7 @@ def interrupted(e: BaseException) -> bool:
 def not_checked_why(e: BaseException) -> Optional[str]:
     """Why an exception the replay raised leaves the call not checked, or None when it is a fail: only running out of
     memory and a user's interrupt say nothing about the skip path; anything else a skipped step would raise too."""
-    if isinstance(e, torch.OutOfMemoryError) or (isinstance(e, RuntimeError)
-                                                 and any(w in str(e) for w in OOM_WORDS)):
+    if isinstance(e, OOM_TYPES) or (isinstance(e, RuntimeError) and any(w in str(e) for w in OOM_WORDS)):
         return f"the replay ran out of memory ({type(e).__name__}: {e})"
     if interrupted(e):
         return f"sampling was interrupted during the replay ({type(e).__name__})"
@@ -110,13 +118,12 @@ class RunCheck:
                 self._judge(shown,
                             self._foreign(topts if foreign_options is None else foreign_options))
             except Exception as e:  # noqa: BLE001  never the prompt's failure; not a pass either
-                why = not_checked_why(e)
-                if why is not None:
-                    self.skipped.append(why)
-                else:
-                    self.problems.append(f"the self-check could not compare the replay ({type(e).__name__}: {e})")
-                if interrupted(e):
+                if interrupted(e):  # _replay said so already
                     raise
+                # what the replay itself raised is judged in _replay (a fail, or not checked); this is the check's
+                # own code, whose fault says nothing about the skip path: not a fail, which is kept for good
+                self.skipped.append(not_checked_why(e) or f"the self-check's own code raised {type(e).__name__}: "
+                                                          f"{e} (please report this at GCache's issues)")
         finally:
             cache.release()
         return out
@@ -164,14 +171,18 @@ class RunCheck:
         lane = {f: getattr(ln, f) for f in LANE_STATE}  # as the computed call left it
         ln.compute = False  # a middle block reached without the first one must not run its block
         ln.cache.replay()
+        after = AfterStack(dm, self.adapter, calls, len(slots) * max(count.held, 1))
         timer = _start(out)
         try:
-            replayed = executor(*rargs, **rkwargs)
+            with after:
+                replayed = executor(*rargs, **rkwargs)
         except ReplayBroken as e:
             return problems + [str(e)], None
         except GCacheError as e:  # the skip path itself refuses this model's stream: a skipped step would fail
             return problems + [f"the skip path failed: {e}"], None
         except BaseException as e:  # noqa: BLE001  said; only an interrupt goes on to stop the prompt
+            if not isinstance(e, Exception) and not interrupted(e):  # SystemExit, GeneratorExit: not the model's
+                raise
             why = not_checked_why(e)
             if why is None:  # a skipped step runs the same code: it would raise too
                 return problems + [f"the replay through the skip path raised {type(e).__name__}: {e}"], None
@@ -197,7 +208,8 @@ class RunCheck:
         except ValueError as e:
             self.skipped.append(str(e))
             return None
-        dtype = lowest_precision(path_dtypes(count.dtype, dm, self.adapter, getattr(executor, "class_obj", None)))
+        stream = count.dtype if count.dtype is not None else getattr(dm, "dtype", None)
+        dtype = lowest_precision(path_dtypes(stream, after.dtypes, getattr(executor, "class_obj", None)))
         return problems, (err, tolerance(dtype, rounding), str(dtype).replace("torch.", ""))
 
     # ---------------------------------------------------------------- end of the run
@@ -220,17 +232,43 @@ class RunCheck:
         return total
 
 
-def path_dtypes(stream, dm, adapter: Adapter, base_model) -> list:
+def path_dtypes(stream, after_stack, base_model) -> list:
     """The dtypes on the path from the block stack to the output, whose rounding a correct replay may show: the
-    stream's (`stream`, the held δ's; the model's dtype when unknown), the weights outside the block stacks (the head;
-    the input layers too, which can't be told from it without the model's code) and the dtype ComfyUI computes them in
-    (the BaseModel's manual_cast_dtype: fp8 or 16-bit weights cast up or down)."""
-    out = [stream if stream is not None else getattr(dm, "dtype", None)]
-    if dm is not None:
-        inside = tuple(f"{st.attr}." for st in adapter.stacks)
-        out += list({p.dtype for name, p in dm.named_parameters() if not name.startswith(inside)})
-    out.append(getattr(base_model, "manual_cast_dtype", None))
-    return out
+    stream's (`stream`, the held δ's), what the layers that run after the stack computed in (`after_stack`: the
+    dtypes of their inputs, AfterStack; ComfyUI's cast ops compute in their input's dtype, whatever the weights'
+    storage), and the dtype ComfyUI computes the model in (the BaseModel's manual_cast_dtype). The input layers run
+    before the stack, where the replay can't differ from the computed call: their dtypes don't count."""
+    return [stream, *after_stack, getattr(base_model, "manual_cast_dtype", None)]
+
+
+class AfterStack:
+    """While the replay runs: the floating dtypes of the inputs of the model's layers outside the block stacks that
+    run after the stack's last block call (`calls` reaches `expected`: the head, and any layer between the stack and
+    the output). Forward pre-hooks on those layers, removed on exit."""
+
+    def __init__(self, dm, adapter: Adapter, calls: list, expected: int):
+        self.dm, self.calls, self.expected = dm, calls, expected
+        self.inside = tuple(f"{st.attr}." for st in adapter.stacks) + tuple(st.attr for st in adapter.stacks)
+        self.dtypes: set = set()
+        self.handles: list = []
+
+    def _seen(self, module, args, kwargs):
+        if self.expected and self.calls[0] >= self.expected:
+            self.dtypes.update(a.dtype for a in (*args, *kwargs.values())
+                               if torch.is_tensor(a) and a.is_floating_point())
+
+    def __enter__(self):
+        if self.dm is not None:
+            self.handles = [m.register_forward_pre_hook(self._seen, with_kwargs=True)
+                            for name, m in self.dm.named_modules()
+                            if name and not name.startswith(self.inside)]
+        return self
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        return False
 
 
 def _without_model(executor, args: tuple, out):

@@ -526,6 +526,28 @@ def test_a_fault_in_the_engines_skip_path_is_caught_at_run_1(fault, gcache_dir, 
     assert not any(p.name.endswith("_2x.json") for p in gcache_dir.iterdir())  # no policy that skips
 
 
+def with_input_layer_in(m, dtype):
+    """Flux's image input layer (img_in, before the stack) in `dtype`, its output cast back to float32."""
+    layer = m.model.diffusion_model.img_in
+    layer.to(dtype)
+    layer.register_forward_pre_hook(lambda mod, args: tuple(a.to(dtype) if torch.is_tensor(a) else a for a in args))
+    layer.register_forward_hook(lambda mod, args, out: out.float())
+    return m
+
+
+def test_a_16_bit_input_layer_does_not_loosen_the_check(gcache_dir, monkeypatch, tmp_path):
+    """The layers before the stack can't make the replay differ: their dtype is not on the path from the stack to the
+    output. A bfloat16 img_in before a float32 stack and head keeps float32's tolerance, and reuse's weight off by
+    2 % is still a fail there (with the weights' storage dtypes it became bfloat16's tolerance, and passed)."""
+    m, pos, neg, lat = tm.flux()
+    with_input_layer_in(m, torch.bfloat16)
+    v, _ = profile_verdict(m, pos, neg, lat, tmp_path, cfg=3.0)
+    assert v["result"] == "pass" and v["dtype"] == "float32", v
+    weight_off(monkeypatch)
+    v, _ = profile_verdict(m, pos, neg, lat, tmp_path, cfg=3.0)
+    assert v["result"] == "fail" and v["dtype"] == "float32" and v["error"] >= MARGIN * v["tolerance"], v
+
+
 # ------------------------------------------------------------------------------ not checked, never "pass"
 def test_a_fallback_model_and_a_one_step_run_are_not_checked(unet_dir, tmp_path, caplog):
     m, pos, neg, lat = tim.pixart(unet_dir)  # the whole-model fallback
