@@ -27,7 +27,6 @@ CASES = [
     ("polish-guard", B + "polish_guard", ["--gp-seeds", "x"], {}, ["--gp-seeds", "must look like"], ()),
     ("polish-ceiling", B + "polish_ceiling", ["--climb", "-1"], {}, ["--climb"], ()),
     ("polish-split", B + "polish_split", ["--shares", "2"], {}, ["--shares", "outside [0, 1]"], ()),
-    ("polish-choice", B + "polish_choice", ["--ks", "30"], {}, ["below the 30 steps"], ()),
     ("l2p-keeps", B + "l2p_keeps", ["--k", "30"], {}, ["below --steps 30"], ()),
     ("cluster-k", B + "cluster", ["--k", "40"], {}, ["--k 40", "below --steps 30"], ()),
     ("cluster-no-ray", B + "cluster", [], {}, ["needs ray", '.venv/bin/pip install -e ".[cluster]"'], ("ray",)),
