@@ -179,3 +179,21 @@ def test_a_damaged_check_entry_is_refused(prof, tmp_path):
 def test_the_search_s_rule_is_one_the_bench_compares():
     from gcache.bench.forecaster_check import rules
     assert rules()["halves"] is paired.CHECK
+
+
+def test_a_search_made_without_the_other_forecasters_resumes_as_it_was_searched(prof, tmp_path):
+    """A state file of a search whose evaluation could not apply another forecaster (its own start masks only), run
+    again with a larger budget by one that can: it continues with its own start masks (its id is theirs, and its
+    file names them), and its forecaster check runs now."""
+    path = str(tmp_path / "s.json")
+    ev = Evaluator({"l2p": 0.5})
+    run_search(prof, SearchConfig(**CFG), lambda mask: ev(mask), state_path=path, provenance={"seeds": [1, 2]})
+    starts = load_state(path)["starts"]
+    assert not any("l2p" in name for name in starts)
+    again = Evaluator({"l2p": 0.5})
+    res = run_search(prof, SearchConfig(**dict(CFG, budget=CFG["budget"] + 4)), again, state_path=path,
+                     provenance={"seeds": [1, 2]})
+    on_disk = load_state(path)
+    assert on_disk["starts"] == starts and len(on_disk["history"]) == CFG["budget"] + 4
+    assert not any(h["kind"] == "instant" and "@" in h["mask"] for h in on_disk["history"])
+    assert any(f == "l2p" for _, f in again.calls) and res.policy.provenance["forecast"]["check"]["l2p"]

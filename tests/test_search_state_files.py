@@ -116,6 +116,8 @@ def test_a_crashed_old_search_resumes_to_the_same_end(profile, old_policy, tmp_p
     same_policy(res.policy, old_policy)
     done = without_timings(migrated(load_state(fx.DONE)))
     assert_same(without_timings(json.loads(path.read_text())), done)
+    again = fx.Evaluator()  # the migrated file, written as version 4, resumes as the search it was: nothing to do
+    assert search(profile, path, again).policy.to_dict() == res.policy.to_dict() and again.calls == []
 
 
 def test_a_search_run_now_measures_the_old_start_masks_and_every_other_fitted_forecasters(profile, tmp_path):
