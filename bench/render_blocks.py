@@ -116,6 +116,7 @@ SCRIPTS = [  # script, what it measures, its run in bench/runs.py (or its durati
      ""),
     ("bench/polish_guard.py", "which polish moves the search keeps", "polish_guard_48", ""),
     ("bench/forecaster_check.py", "when the search's forecaster check switches forecaster", "forecaster_check", ""),
+    ("bench/fresh_choice.py", "how clearly a finalist must beat the search's pick on fresh seeds to replace it", 30, ""),
     ("bench/polish_split.py", "the share of the budget the polish stage gets", 50, ""),
     ("bench/polish_ceiling.py", "what any polish move could gain from the searched mask", 6, ""),
     ("bench/cluster.py", "the search on 2 Ray workers against the sequential search: speed and quality", "cluster_64",

@@ -260,6 +260,14 @@ def final_choice(state: SearchState, profile: Profile, own: str, picked: Candida
     return on_fresh_seeds(state, keys, measure, own, why_not)
 
 
+def fresh_winner(fresh: Mapping, keys: Sequence[str], seed: int, rule: Optional[Rule] = FRESH_RULE) -> str:
+    """The winner among finalists `keys` (the pick first, measured on the fresh seeds: `fresh`, key -> {"loss",
+    "per_seed"?}) by `rule`: paired.FRESH (None: the pick stays; others: for bench/fresh_choice.py). Of several
+    finalists better than the pick, the lowest fresh loss."""
+    better = [k for k in keys[1:] if k in fresh and rule is not None and rule.decide(fresh[k], fresh[keys[0]], seed)]
+    return min(better, key=lambda k: (fresh[k]["loss"], list(keys).index(k))) if better else keys[0]
+
+
 def on_fresh_seeds(state: SearchState, keys: Sequence[str], measure: Optional[Measure], own: str,
                    why_not: Optional[str] = None) -> FreshOutcome:
     """Finalists `keys` (the pick first) measured on the fresh seeds unless measured before, and the winner by
@@ -284,8 +292,7 @@ def on_fresh_seeds(state: SearchState, keys: Sequence[str], measure: Optional[Me
     if keys[0] not in fresh:  # the pick has no fresh loss to compare with: it stays
         return FreshOutcome(tuple(keys), {}, None, keys[0], None)
     seeds = len(fresh[keys[0]].get("per_seed") or ()) or None
-    better = [k for k in measured[1:] if FRESH_RULE.decide(fresh[k], fresh[keys[0]], state.seed)]
-    winner = min(better, key=lambda k: (fresh[k]["loss"], keys.index(k))) if better else keys[0]
+    winner = fresh_winner(fresh, keys, state.seed)
     log.info("GCache Search: final choice on %s: %s; %s.", f"{seeds} fresh seeds" if seeds else "the fresh seeds",
              ", ".join(f"{forecaster_of(k, own)} {'(the pick) ' if k == keys[0] else ''}loss {fresh[k]['loss']:.5g} "
                        f"(search seeds {state.masks[k]['loss']:.5g})" for k in measured),

@@ -26,9 +26,8 @@ The rules of one search, each with the stored measurement behind it (bench/resul
     final choice on fresh seeds (FRESH, end_game.py)  when another finalist replaces the check's pick
         a paired gain on the fresh seeds beyond FRESH_Z = 1 standard error: below. Not measured over many searches
         yet: bench/results/quality_64.json holds the one run it rests on (5 searches, budget 64: the pick replaced at
-        K = 15). A bench like bench/choice_regret.py over 30+ searches (several K, GP seeds and seed sets), comparing
-        z = 0, 0.5, 1, 2 and "never" by held-out regret, would measure it (about 30 CPU-minutes for 30 searches at
-        budget 64, from bench/forecaster_check.py's 32 s per search at budget 48).
+        K = 15). bench/fresh_choice.py measures it over 30 searches (2 seed sets, K = 6 to 20, GP seeds 0-2; z = 0,
+        0.5, 1, 2 and never, by held-out regret against the best finalist): about 30 CPU-minutes, not run yet.
 
 Gone: the polish chain (the end of a chain of accepted polish moves replaced the best start mask when it beat it by
 CHAIN_Z = 0 standard errors): with CHOICE_Z = 0 it could never change the choice (its test was the choice's own,

@@ -35,6 +35,7 @@ class SearchResult:
     state: SearchState
     evaluations: int       # calls of evaluate() (distinct masks), the final one included
     unchecked: bool = False  # a searched mask won without a check of its gain against the seed noise
+    end: Optional[EndGame] = None  # what the end game found (end_game.py): the check, the fresh seeds' finalists
 
 
 def searched_policy(profile: Profile, mask: Sequence[int], forecaster: str, method: str,
@@ -100,4 +101,4 @@ def build(state: SearchState, profile: Profile, config: SearchConfig, end: EndGa
     return SearchResult(policy=policy, best_mask=mask_of(best["mask"]), best_loss=best["loss"],
                         mu_mask=mask_of(fin["mask"]), mu_loss=fin["loss"], s_best=s_chosen,
                         s_mu=[float(v) for v in fin["s"]], history=list(hist), state=state,
-                        evaluations=len(masks), unchecked=end.choice.unchecked)
+                        evaluations=len(masks), unchecked=end.choice.unchecked, end=end)

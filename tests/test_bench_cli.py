@@ -24,6 +24,7 @@ CASES = [
     ("quality", B + "quality", ["--budget", "0"], {}, ["--budget"], ()),
     ("quality-objective", B + "quality", ["--objective", "lpips"], {}, ["invalid choice: 'lpips'"], ()),
     ("forecaster-check", B + "forecaster_check", ["--ks", "40"], {}, ["--ks 40", "below --steps 30"], ()),
+    ("fresh-choice", B + "fresh_choice", ["--seed-sets", "x"], {}, ["--seed-sets", "must look like"], ()),
     ("polish-guard", B + "polish_guard", ["--gp-seeds", "x"], {}, ["--gp-seeds", "must look like"], ()),
     ("polish-ceiling", B + "polish_ceiling", ["--climb", "-1"], {}, ["--climb"], ()),
     ("polish-split", B + "polish_split", ["--shares", "2"], {}, ["--shares", "outside [0, 1]"], ()),
