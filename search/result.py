@@ -7,6 +7,7 @@ are the same figure; `predicted_speedup_text` is how a search reports it.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -71,7 +72,7 @@ def build(state: SearchState, profile: Profile, config: SearchConfig, end: EndGa
     measured = masks[end.final.key]
     searched_with = forecasters.get(config.forecast).name
     s_chosen = None if chosen["s"] is None else [float(v) for v in chosen["s"]]
-    prov = state.provenance
+    prov = json.loads(json.dumps(state.provenance))  # the policy's own copy
     prov.update({"s": s_chosen, "degree": config.degree, "objective": config.objective, "chosen": end.how,
                  "won": method_of(chosen), "iterations": len(hist), "evaluations": len(masks),
                  "search_seed": config.seed, "s_range": [config.s_min, config.s_max], "profile": dict(state.profile_id),

@@ -416,9 +416,9 @@ class SearchState:
         return int(self.config.get("seed", 0))
 
     @property
-    def provenance(self) -> dict:
-        """A copy of what the search's caller said of it (the policy's provenance starts from it)."""
-        return json.loads(json.dumps(self._data.get("provenance") or {}))
+    def provenance(self) -> Mapping:
+        """What the search's caller said of it (the policy's provenance starts from it)."""
+        return self._view("provenance", lambda: self._data.get("provenance") or {})
 
     @property
     def profile_id(self) -> Optional[Mapping]:
