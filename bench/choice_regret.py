@@ -9,9 +9,10 @@ candidate rule:
 
     best_measured   the lowest loss the search measured
     z=<z>           a searched mask replaces the best start mask when its paired gain over the seeds is beyond z
-                    standard errors (z = 2 until this bench), or it ends a chain of accepted polish moves (CHAIN);
+                    standard errors (z = 2 until this bench; when this bench ran, also when it ended a chain of
+                    accepted polish moves, a rule gone since: under z = 0 it could never change the choice);
                     never a polish move the polish guard rejected
-    halves          ... when both fixed halves of the seeds improve (the polish's other guard), or by a chain
+    halves          ... when both fixed halves of the seeds improve (the polish's other guard)
     start_only      the best start mask, always
 
 A rule's regret in one search is the held-out PSNR of the best mask the search evaluated (best on the held-out seeds,

@@ -1,8 +1,8 @@
-"""Which rule the search's forecaster check should follow (search/forecaster_check.py RULE), measured.
+"""Which rule the search's forecaster check should follow (search/paired.py CHECK, in search/end_game.py), measured.
 
 On the reference model (N = 30, objective 1 − SSIM on the search seeds, the profile-fitted forecaster), for each K and
 GP seed the search runs once (it measures its chosen mask under l2p too: the check). Each rule's pick is recomputed
-from the same measurements (forecaster_check.pick) and the chosen mask is sampled on held-out seeds under every
+from the same measurements (end_game.pick) and the chosen mask is sampled on held-out seeds under every
 forecaster measured (PSNR dB against full compute). Prints, per rule, the median and the worst held-out gain over
 keeping the search's own forecaster ("never"), and how often the rule switched.
 
@@ -21,12 +21,20 @@ from .cli import BenchParser, Progress, run_main
 from .search_setup import FittedSetup, add_arguments, check_ks
 
 
+def rules() -> dict:
+    """The rules compared, by the names the stored results use: the search's (paired.CHECK, "halves"), a lower mean
+    loss, a gain beyond 2 paired standard errors (the final choice's margin when this bench was written) and never
+    switching (None)."""
+    from ..search import paired
+    return {"halves": paired.CHECK, "mean": paired.MEAN, "noise": paired.beyond_z(2.0, "noise"), "never": None}
+
+
 def main(argv=None, harness_factory=None) -> dict:
     ap = BenchParser("gcache.bench.forecaster_check", __doc__)
     add_arguments(ap)
     a = ap.parse_args(argv)
     check_ks(ap, a)
-    from ..search import forecaster_check
+    from ..search import end_game
     from ..search.loop import run_search
     from ..search.config import SearchConfig
     from ..search.state import forecaster_of, mask_of
@@ -48,15 +56,15 @@ def main(argv=None, harness_factory=None) -> dict:
             run = {"K": k, "gp_seed": g, "searched_with": base, "psnr": psnrs,
                    "loss": {base: res.state.masks[key]["loss"], **{n: r["loss"] for n, r in checked["results"].items()}},
                    "picks": {}}
-            for rule in forecaster_check.RULES:
-                pick = forecaster_check.pick(res.state.masks[key], checked["results"], g, rule) or base
+            for rule, judge in rules().items():
+                pick = end_game.pick(res.state.masks[key], checked["results"], g, judge) or base
                 run["picks"][rule] = {"forecaster": pick, "gain_db": round(psnrs[pick] - psnrs[base], 3)}
             runs.append(run)
             progress.step(f"K = {k}, GP seed {g}: held-out " + ", ".join(f"{n} {v:.2f} dB" for n, v in psnrs.items())
                           + "; search loss " + ", ".join(f"{n} {v:.4g}" for n, v in run["loss"].items()) + "; picks "
                           + ", ".join(f"{r}: {p['forecaster']}" for r, p in run["picks"].items()))
     out = {"budget": a.budget, "gp_seeds": gp_seeds, "runs": runs, "rules": {}}
-    for rule in forecaster_check.RULES:
+    for rule in rules():
         gains = [r["picks"][rule]["gain_db"] for r in runs]
         per_k = {str(k): round(statistics.median(r["picks"][rule]["gain_db"] for r in runs if r["K"] == k), 3)
                  for k in a.ks}

@@ -109,8 +109,8 @@ def convergence(res, h, seeds, final_psnr: float, tol: float = 0.3) -> int:
 
 def forecast_cost(state) -> dict:
     """What the forecast search spent on other forecasters: its start masks applied with another forecaster than
-    its own (search/starts.py), the forecaster check's evaluations after the budget (forecaster_check.py), and the
-    final choice's evaluations on the fresh seeds (fresh_choice.py; beside them, one full-compute run per fresh
+    its own (search/starts.py), the forecaster check's evaluations after the budget (end_game.py), and the
+    final choice's evaluations on the fresh seeds (end_game.py; beside them, one full-compute run per fresh
     seed)."""
     history = state.history
     in_history = {h["mask"] for h in history} | ({state.final["mask"]} if state.final else set())

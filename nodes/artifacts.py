@@ -155,7 +155,7 @@ def fresh_evidence(p: Policy):
 
 def ranking_losses(new: Policy, old: Policy) -> tuple[float, float, str]:
     """(new's loss, old's loss, the evidence they are) for two searched policies measured on the same references.
-    The search ranks its own finalists by their loss on fresh seeds (search/fresh_choice.py: the loss on the seeds it
+    The search ranks its own finalists by their loss on fresh seeds (search/end_game.py: the loss on the seeds it
     searched on flatters the mask it chose most), so two policies are ranked the same way where both have a loss on
     the same fresh seeds; otherwise by the search-seed loss, and the log says so."""
     a, b = fresh_evidence(new), fresh_evidence(old)

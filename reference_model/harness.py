@@ -93,7 +93,7 @@ class ReferenceHarness:
 
 class SeedEvaluator:
     """A search's evaluate(mask) on the reference model (ReferenceHarness.evaluator). It applies any forecaster (with
-    parameters fitted from the profile when it has one) and samples the fresh seeds (search/fresh_choice.py; their
+    parameters fitted from the profile when it has one) and samples the fresh seeds (search/end_game.py; their
     full-compute images made on first use), so it says so to the search (search/executor.py)."""
 
     can_apply_forecaster = True
@@ -104,7 +104,7 @@ class SeedEvaluator:
         self.h, self.seeds, self.objective, self.profile = harness, list(seeds), objective, profile
         self.own = forecasters.get(forecast)
         self.ref = harness.full(self.seeds)
-        from ..search.fresh_choice import fresh_seeds
+        from ..search.end_game import fresh_seeds
         self.fresh_seeds, self.fresh_ref = fresh_seeds(self.seeds), None
 
     def __call__(self, mask: Sequence[int], forecast: Optional[str] = None, fresh: bool = False) -> list[float]:

@@ -12,14 +12,15 @@ The algorithm, in the order a search uses it:
     starts.py            the search's start masks (instant DP masks of every error model, TeaCache-like, extras)
     gp.py                the outer GP-LCB proposer (Algorithm 2, Appendix D.3), GP-BUCB pending points
     polish.py            the polish stage: local moves of the best mask on the true loss, kept by a guard
-    paired.py            paired statistics over the seeds: the rules (polish guards, final choice, forecaster check),
-                         their z values and the measurements behind them, the registry of guard names
+    paired.py            paired statistics over the seeds: the rules (polish guards, final choice, forecaster check,
+                         fresh seeds), their z values and the stored measurements behind them, the guard names
     choice.py            which measured mask a search returns (never worse than its best start mask on its loss)
-    forecaster_check.py  the chosen mask under the other profile-fitted forecasters: which one the policy applies
-    state.py             the resumable state file, read and written only through SearchState's accessors
+    end_game.py          after the budget: the candidate, the forecaster check, the final choice on fresh seeds
+    state.py             the resumable state file: read-only accessors, every write a method of SearchState
     executor.py          where evaluations run and what they can evaluate (Executor, InProcessExecutor)
     loop.py              SearchLoop: one search, one method per phase; run_search, run_batch_search
-    result.py            SearchResult, and the policies of searched masks with their predicted speed-up
+    result.py            SearchResult, the policy the end game chose, and the policies of searched masks with their
+                         predicted speed-up
 
 The infrastructure around it (infra/): what runs evaluations elsewhere, scores images, and talks to people.
 

@@ -3,85 +3,58 @@
 The rule, on the search's own loss (the mean over its seeds):
 - The fallback is the best start mask (kind "instant": the instant DP masks, the TeaCache-like one, the caller's
   extra masks). The search never returns a mask whose loss is above it.
-- A searched mask with a lower loss replaces it when its gain is believable: by `rule` (paired.CHOICE: a paired gain
-  beyond CHOICE_Z standard errors over the seeds), or because it ends a chain of accepted polish moves (each kept by
-  the polish guard, polish.py) that starts at the fallback or at a mask that is itself believable, and beats the
-  fallback by `chain` (paired.CHAIN: any lower loss). The lowest-loss believable one is returned. A polish move that
-  was not accepted is no candidate: the polish guard found it no better than its parent (measured, under the halves
+- A searched mask with a lower loss replaces it when its gain is believable by `rule` (paired.CHOICE: a paired gain
+  beyond CHOICE_Z standard errors over the seeds). The lowest-loss believable one is returned. A polish move that was
+  not accepted is no candidate: the polish guard found it no better than its parent (measured, under the halves
   guard: choosing such moves when they beat the fallback by the noise margin lost 1.3 dB held-out at K = 10 of 30 on
   the reference model).
 - CHOICE_Z is 0, measured (paired.py, bench/choice_regret.py): so the search returns the lowest loss it measured,
   polish moves its guard rejected left out. A margin over the seed noise (2 standard errors until then) threw away
-  searched masks that were better held out more often than it kept a lucky one; the rule and the chain stay
-  parameters for the benches that compare stricter ones.
+  searched masks that were better held out more often than it kept a lucky one; the rule stays a parameter for the
+  bench that compares stricter ones. (Under stricter rules a chain of accepted polish moves used to earn what a lone
+  searched mask could not; under CHOICE_Z = 0 that chain could never change the choice, and it is gone.)
 - Without per-seed losses of 2+ seeds nothing can be checked: the lowest loss wins ("unchecked", and the log says so).
 
 Why the fallback is the best start on the search's own samples and not a fixed one (say the theory DP policy): a
-search must not return a mask that its own measurements call worse than one it was given. The rules work on the
-other side (which searched mask may replace it); the polish chain is how a searched mask earns that on held-out
-seeds rather than on a larger margin. The rules and the measurements behind them: paired.py.
+search must not return a mask that its own measurements call worse than one it was given. The rule works on the
+other side (which searched mask may replace it). The rules and the measurements behind them: paired.py.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import NamedTuple, Optional
 
-from .paired import CHAIN, CHOICE, Rule
+from .paired import CHOICE, Rule
 from .state import POLISH, START, SearchState
 
 # How the chosen entry was chosen (the policy's provenance "chosen")
 BEST, ARGMIN_MU, BEYOND_NOISE, WITHIN_NOISE = "best_evaluated", "argmin_mu", "beyond_noise", "instant_within_noise"
-CHECKED = "forecaster_check"  # another candidate the choice accepted won under the forecaster the check gave it
-FRESH = "fresh_seeds"  # another forecaster's best candidate won on the fresh seeds (fresh_choice.py)
+FRESH = "fresh_seeds"  # another forecaster's best candidate won on the fresh seeds (end_game.py)
 
 
 class Choice(NamedTuple):
-    entry: Optional[dict]  # a history entry or the final argmin-μ one (None: nothing measured)
-    how: str               # BEST | ARGMIN_MU | BEYOND_NOISE (believable, not the lowest loss) | WITHIN_NOISE (the
-    #                        fallback: the lower-loss searched masks were not believable)
-    unchecked: bool        # a searched mask won without a check against the seed noise (no per-seed losses)
+    entry: Optional[Mapping]  # a history entry or the final argmin-μ one (None: nothing measured)
+    how: str                  # BEST | ARGMIN_MU | BEYOND_NOISE (believable, not the lowest loss) | WITHIN_NOISE (the
+    #                           fallback: the lower-loss searched masks were not believable)
+    unchecked: bool           # a searched mask won without a check against the seed noise (no per-seed losses)
 
 
-def choose(state: SearchState, rule: Rule = CHOICE, chain: Rule = CHAIN) -> Choice:
-    """The mask the search returns. `rule`, `chain`: paired.CHOICE and paired.CHAIN (others: for the benches)."""
-    return ranking(state, rule, chain)[0]
-
-
-def ranking(state: SearchState, rule: Rule = CHOICE, chain: Rule = CHAIN) -> list[Choice]:
-    """Every entry the rule would return, best first: the believable ones with a lower loss than the fallback (the
-    lowest first), then the fallback. The first is `choose`'s; the forecaster check looks at those after it too."""
+def choose(state: SearchState, rule: Rule = CHOICE) -> Choice:
+    """The mask the search returns. `rule`: paired.CHOICE (others: for the benches)."""
     masks, fin = state.masks, state.final
     best = state.best(with_final=True)
     fallback = state.best(kinds=(START,))
     if best is None:
-        return [Choice(None, BEST, False)]
+        return Choice(None, BEST, False)
     if fallback is None:  # no start mask measured yet
-        return [Choice(best, ARGMIN_MU if best is fin else BEST, False)]
-    by_key = {h["mask"]: h for h in state.history}
-    by_key.update({h["mask"]: h for h in state.history if h.get("accepted")})  # a mask's polish entry, if it has one
-
-    def believable(e: dict, depth: int = 0) -> Optional[bool]:
-        """True / False, or None when there is nothing to check with (no per-seed losses of 2+ seeds)."""
-        if e["mask"] == fallback["mask"]:
-            return True
-        new, old = masks[e["mask"]], masks[fallback["mask"]]
-        verdict = rule.better(new, old, state.seed)
-        if verdict is None or verdict:
-            return verdict
-        if e.get("kind") == POLISH and e.get("accepted") and depth < len(state.history) and \
-                chain.better(new, old, state.seed):
-            parent = by_key.get(e["parent"])
-            return parent is not None and parent["loss"] <= fallback["loss"] and bool(believable(parent, depth + 1))
-        return False
-
+        return Choice(best, ARGMIN_MU if best is fin else BEST, False)
     # a polish move that was not accepted failed the polish guard against its parent: never a candidate
     pool = [e for e in state.history if not (e["kind"] == POLISH and not e.get("accepted"))] + ([fin] if fin else [])
     better = sorted((e for e in pool if e["loss"] < fallback["loss"]), key=lambda e: (e["loss"], e.get("i", math.inf)))
-    out = []
     for e in better:
-        ok = believable(e)
-        if ok is None or ok:
+        verdict = rule.better(masks[e["mask"]], masks[fallback["mask"]], state.seed)
+        if e["mask"] == fallback["mask"] or verdict is None or verdict:
             how = ARGMIN_MU if e is fin else (BEST if e is best else BEYOND_NOISE)
-            out.append(Choice(e, how, ok is None))
-    return out + [Choice(fallback, WITHIN_NOISE if better and not out else BEST, False)]
-
+            return Choice(e, how, verdict is None and e["mask"] != fallback["mask"])
+    return Choice(fallback, WITHIN_NOISE if better else BEST, False)

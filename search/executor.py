@@ -11,7 +11,7 @@ Each declares what it can evaluate instead of the search guessing it: `can_apply
 be sampled under another forecaster than the search's (`submit(mask, forecast=name)`), which the forecaster check
 needs. `can_sample_fresh` says whether a mask can be sampled on the fresh seeds instead of the search seeds
 (`submit(mask, forecast=…, fresh=True)`: seeds the search never judged a mask on, with their own full-compute images),
-which the final choice on fresh seeds needs (fresh_choice.py). An evaluate function declares each the same way (an
+which the final choice on fresh seeds needs (end_game.py). An evaluate function declares each the same way (an
 attribute `can_apply_forecaster = True` / `can_sample_fresh = True` on the callable, e.g. the reference model's
 SeedEvaluator, GCache Search's evaluation); a plain function declares nothing, so it evaluates the search's own
 forecaster on the search seeds only.

@@ -14,15 +14,12 @@ SearchLoop is one search, one method per phase, in the order they run:
     polish()   a move of the best candidate so far, under its forecaster (polish.py; kept when the polish guard says
                its gain is real)
     finish()   the GP refit on every (s, loss); the mask of s_μ = argmin μ(s), measured if new
-    choose()   the candidates the search could return (choice.py: never worse on its loss than its best start mask)
-    check(c)   those candidates under the other profile-fitted forecasters (forecaster_check.py)
-    fresh(c)   the check's pick against each profile-fitted forecaster's best candidate, on fresh seeds
-               (fresh_choice.py)
-    result()   the policy (result.py)
+    end_game() the candidate the search returns, the forecaster check and the final choice on fresh seeds
+               (end_game.py), then the policy (result.py)
 
 A candidate is a mask with the forecaster it is applied with (state.py key_of): the search's own, or another
-profile-fitted one's. A state file of version 3 (made before) resumes as it was: its own start masks only, the
-check on its chosen mask only; a file made before the final choice on fresh seeds resumes without that choice.
+profile-fitted one's. A state file made with its own forecaster's start masks only (of version 3, made before the
+others were measured) resumes with them; a file made before the final choice on fresh seeds resumes without it.
 
 The budget splits into the first four phases (budget.py); `propose(j)` says which phase proposal j belongs to.
 `run()` drives them: up to q proposals in flight on an Executor (executor.py), each result recorded in the state
@@ -50,16 +47,15 @@ from ..core import forecasters
 from ..core.errors import GCacheError
 from ..core.profile import Profile
 from ..core.weights import bernstein_w
-from . import forecaster_check, fresh_choice, paired
+from . import end_game, paired
 from . import result as results
-from .choice import FRESH, Choice, choose
+from .end_game import EndGame
 from .config import SearchConfig, check_k
 from .executor import Executor, InProcessExecutor, evaluate_now
 from .gp import GPLCB, kappa_schedule, start_grid
 from .instant import bound_on, dp_on, propagation_weights
 from .polish import Polish
 from .result import SearchResult
-from .choice import ranking
 from .starts import start_masks
 from .state import FINAL, GP, GRID, POLISH, START, SearchState, forecaster_of, key_of, mask_of, split_key
 
@@ -242,54 +238,10 @@ class SearchLoop:
                       "seconds": round(secs, 4), "bound": bound, "gp_seconds": round(gp_secs, 4)})
         self.report({"kind": FINAL, **state.final}, len(state.history))
 
-    def choose(self) -> Choice:
-        """The candidate the search returns before the forecaster check (choice.py)."""
-        return choose(self.state)
-
-    def check(self, choice: Choice) -> dict:
-        """The forecaster check (forecaster_check.py), through the executor when it can apply another forecaster: on
-        every candidate the final choice could return (a version-3 search: on the chosen mask)."""
-        measure = None
-        if not self.skip_check and self.executor.can_apply_forecaster:
-            def measure(mask: list, name: str) -> Any:
-                return evaluate_now(self.executor, mask, forecast=None if name == self.own else name)
-        if self.state.version < 4:
-            return forecaster_check.run(self.state, self.profile, self.config.forecast, choice.entry["mask"], measure,
-                                        self.skip_check)
-        ranked = ranking(self.state)
-        keys = forecaster_check.could_return(self.state, ranked)
-        check = forecaster_check.run_on_candidates(self.state, self.profile, self.config.forecast, keys, measure,
-                                                   self.skip_check)
-        check["entry"] = next(c.entry for c in ranked if c.entry["mask"] == check["mask"])
-        return check
-
-    def fresh(self, check: dict) -> dict:
-        """The final choice on fresh seeds (fresh_choice.py) after the check of a search with a profile-fitted
-        forecaster: the check's dict, for the fresh seeds' winner when another finalist won there."""
-        names = forecaster_check.fitted_forecasters(self.profile, self.own)
-        if self.state.version < 4 or self.state.fresh is None or not names:
-            return check
-        keys = fresh_choice.finalists(self.state, check["key"], names, self.own)
-        if len(keys) < 2:
-            return check
-        measure = None
-        if not self.skip_check and self.executor.can_sample_fresh and self.executor.can_apply_forecaster:
-            def measure(mask: list, name: Optional[str]) -> Any:
-                return evaluate_now(self.executor, mask, forecast=name, fresh=True)
-        why_not = self.skip_check or (None if self.executor.can_sample_fresh else fresh_choice.CANT_SAMPLE)
-        fresh = fresh_choice.run(self.state, keys, measure, self.own, why_not)
-        record = fresh_choice.provenance(fresh, check["key"])
-        if fresh["key"] == check["key"]:
-            return {**check, "fresh": record}
-        won = fresh["key"]
-        entry = fresh_choice.entry_of(self.state, won)
-        fc = forecaster_of(won, self.own)
-        return {"key": won, "mask": entry["mask"], "entry": entry, "forecaster": fc, "skipped": None,
-                "results": {} if won == entry["mask"] else {fc: self.state.masks[won]},
-                "candidates": check.get("candidates", []), "how": FRESH, "fresh": record}
-
-    def result(self, choice: Choice, check: dict) -> SearchResult:
-        return results.build(self.state, self.profile, self.config, choice, check)
+    def end_game(self) -> EndGame:
+        """After the budget: the candidate, the forecaster check and the final choice on fresh seeds (end_game.py),
+        through the executor where it declares it can make their evaluations."""
+        return end_game.run(self.state, self.profile, self.config.forecast, self.executor, self.skip_check)
 
     # ------------------------------------------------------------------------------------------ the loop
     def observations(self) -> tuple[np.ndarray, np.ndarray]:
@@ -319,14 +271,14 @@ class SearchLoop:
             p, t0 = self.in_flight.pop(h)
             raw, secs = self.executor.result(h), time.perf_counter() - t0
             state.measure(p["mask"], raw, secs, first=len(state.history))
-            others = state.returned(p)
-            entries = [state.record(p, secs, False)] + [state.record(o, 0.0, True) for o in others]
+            first, *others = state.returned(p["mask"])  # `first` is p: the one proposal of its mask dispatched
+            entries = [state.record(first, secs, False)] + [state.record(o, 0.0, True) for o in others]
             for entry in entries:
                 if entry["kind"] == POLISH:
                     self.polisher.observe(entry)
             state.save()
             for entry in entries:
-                self.report(entry, entry["i"] + 1)
+                self.report(state.history[entry["i"]], entry["i"] + 1)  # with the polish guard's verdict
 
     def fill(self) -> None:
         """Proposes and dispatches until q are out, the budget is proposed, or a polish move must wait."""
@@ -372,8 +324,7 @@ class SearchLoop:
                 self.collect()
             else:
                 self.finish()
-        choice = self.choose()
-        result = self.result(choice, self.fresh(self.check(choice)))
+        result = results.build(self.state, self.profile, self.config, self.end_game())
         log.info("GCache Search: done in %.1f s: mask %s, won by %s (%s), loss %.5g.", time.perf_counter() - t_start,
                  result.policy.describe(), result.policy.provenance["won"], result.policy.provenance["chosen"],
                  result.policy.metrics["loss"])

@@ -7,7 +7,7 @@ says from them whether `new` is better; with per-seed losses of fewer than 2 see
 and the caller falls back to the mean loss (`Rule.decide`). The measured masks are {"loss", "per_seed"} entries (the
 state file's "masks").
 
-The rules of one search, each with the measurement behind it:
+The rules of one search, each with the stored measurement behind it (bench/results/, rendered into the docs):
 
     polish guard (GUARDS, SearchConfig.polish_guard)  which polish moves are kept over their parent
         "z"      the paired gain beyond POLISH_Z = 0.674 standard errors (the normal's 75 % point: a move that changes
@@ -18,21 +18,22 @@ The rules of one search, each with the measurement behind it:
         "mean"   what either becomes without per-seed losses of 2+ seeds: a lower mean loss.
     final choice (CHOICE, choice.py)  when a searched mask may replace the best start mask
         a paired gain beyond CHOICE_Z = 0 standard errors: any lower mean loss (polish moves the guard rejected are no
-        candidates). Measured by bench/choice_regret.py against z = 0.5, 1, 1.5, 2 (the earlier NOISE_Z), 3, halves
-        and the lowest loss: below.
-    polish chain (CHAIN, choice.py)  when the end of a chain of accepted polish moves may replace it
-        any lower loss (CHAIN_Z = 0): bench/polish_choice.py chose as well as CHAIN_Z = 1 in all 30 searches at budgets
-        48 and 64 and better in 4, by +0.35 to +1.12 dB held-out. (Under CHOICE_Z = 0 every chain that lowers the loss
-        passes the choice's own rule; the chain counts for the stricter rules the benches compare.)
-    forecaster check (forecaster_check.RULES)  when another forecaster takes over the chosen mask
-        "halves": bench/forecaster_check.py, 15 searches, the switches and their held-out gains over keeping the
-        candidate's forecaster in bench/results/forecaster_check.json, rendered in docs/search.md.
-    which masks the check looks at (CHECK_NEAR, forecaster_check.could_return)  those the final choice could return
-        the chosen one and the next ones the choice accepts whose loss the seeds can't tell from the chosen one's
-        (the chosen one's paired gain over them within CHECK_Z = 2 standard errors, the margin of the final choice
-        before it was measured), at most forecaster_check.CHECK_MOST of them.
-    final choice on fresh seeds (FRESH, fresh_choice.py)  when another finalist replaces the check's pick
-        a paired gain on the fresh seeds beyond FRESH_Z = 1 standard error: below.
+        candidates). bench/choice_regret.py against z = 0.5, 1, 1.5, 2 (the earlier margin), 3, halves and the lowest
+        loss: bench/results/choice_regret.json (and choice_regret_gp_seeds.json), rendered in docs/search.md.
+    forecaster check (CHECK, end_game.py)  when another forecaster takes over the chosen candidate
+        both halves of the seeds improve (HALVES): bench/forecaster_check.py, 15 searches, against a lower mean, a gain
+        beyond 2 standard errors and never switching: bench/results/forecaster_check.json, rendered in docs/search.md.
+    final choice on fresh seeds (FRESH, end_game.py)  when another finalist replaces the check's pick
+        a paired gain on the fresh seeds beyond FRESH_Z = 1 standard error: below. Not measured over many searches
+        yet: bench/results/quality_64.json holds the one run it rests on (5 searches, budget 64: the pick replaced at
+        K = 15). bench/fresh_choice.py measures it over 30 searches (2 seed sets, K = 6 to 20, GP seeds 0-2; z = 0,
+        0.5, 1, 2 and never, by held-out regret against the best finalist): about 30 CPU-minutes, not run yet.
+
+Gone: the polish chain (the end of a chain of accepted polish moves replaced the best start mask when it beat it by
+CHAIN_Z = 0 standard errors): with CHOICE_Z = 0 it could never change the choice (its test was the choice's own,
+reached only when that one had said no; on 20 000 random states it changed none). The check window (the forecaster
+check on every candidate within CHECK_Z = 2 standard errors of the chosen one): no measurement stood behind it, so
+the check looks at the chosen candidate only.
 
 Guard names are stored in state files ("polish": {"guard": …}): SAVED_GUARDS is their registry (state.py checks a
 file's name against it, polish.py looks its rule up there).
@@ -49,18 +50,16 @@ HALVES_SALT = 0x6A1F  # the halves' random split is seeded by (search seed, this
 
 POLISH_Z = 0.674  # the normal's 75 % point: a null move's paired gain is beyond it 1 time in 4, as both halves are
 # A searched mask replaces the best start mask when its paired gain is beyond this many standard errors: 0, any lower
-# mean loss. bench/choice_regret.py on the reference model (bench/RESULTS.md, 2026-11-27; N = 30, K = 6/8/10/15/20,
-# budgets 64 and 128, three sets of 16 search seeds, 32 held-out seeds): the held-out regret against the best mask each
-# search evaluated had the lowest median (0.36 dB), worst case (2.22) and mean (0.62) at z = 0; at z = 2, the margin
-# used before, 0.41 / 2.57 / 0.96, and z = 0 chose better than z = 2 in 8 of 30 searches, worse in 2.
+# mean loss. bench/choice_regret.py on the reference model (bench/results/choice_regret.json, 2026-11-27; N = 30,
+# K = 6/8/10/15/20, budgets 64 and 128, three sets of 16 search seeds, 32 held-out seeds): the held-out regret against
+# the best mask each search evaluated had the lowest median, worst case and mean at z = 0 (docs/search.md renders them).
 CHOICE_Z = 0.0
-CHAIN_Z = 0.0  # the end of a chain of accepted polish moves: any lower loss (bench/polish_choice.py)
-CHECK_Z = 2.0  # a mask the chosen one beats by less than this many standard errors could have been chosen instead
-# The final choice on fresh seeds (fresh_choice.py): a finalist replaces the search's pick when its paired gain on the
+# The final choice on fresh seeds (end_game.py): a finalist replaces the search's pick when its paired gain on the
 # fresh seeds is beyond this many standard errors (a finalist no better passes 1 time in 6). On the reference model
 # (bench/quality.py --budget 64, K = 8 / 15 / 20 of 30, 16 fresh seeds; 2026-11-28) the lowest fresh loss alone
 # replaced the pick three times: at z = 2.04 (K = 15: +0.93 dB held-out, +0.23 on 32 more seeds), at 0.50 (K = 8:
-# −0.12 and −0.10 dB) and at 0.55 (K = 20: −0.68 and −1.17 dB).
+# −0.12 and −0.10 dB) and at 0.55 (K = 20: −0.68 and −1.17 dB). Of these runs bench/results/quality_64.json stores the
+# one at FRESH_Z = 1 (it replaced the pick at K = 15 only). Not measured over many searches: the docstring says how.
 FRESH_Z = 1.0
 
 
@@ -128,8 +127,7 @@ HALVES = Rule("halves", "both halves of the seeds improve", _on_halves)
 MEAN = Rule("mean", "the loss falls", None)  # no per-seed losses of 2+ seeds: nothing to check with
 POLISH = beyond_z(POLISH_Z, "z")
 CHOICE = beyond_z(CHOICE_Z, "choice")
-CHAIN = beyond_z(CHAIN_Z, "chain")
-CHECK_NEAR = beyond_z(CHECK_Z, "check window")  # the chosen mask is clearly better than the other: not checked
+CHECK = HALVES  # the forecaster check (bench/results/forecaster_check.json)
 FRESH = beyond_z(FRESH_Z, "fresh")
 
 # The polish guards a search may ask for (SearchConfig.polish_guard), and what a state file may hold.

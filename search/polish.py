@@ -83,20 +83,17 @@ class Polish:
 
     @property
     def climb(self):
+        """The climb as the state keeps it (a copy)."""
         return self.state.polish
 
     def _new_root(self) -> Optional[str]:
         """The best measured mask not yet a root or an accepted move (None: every measured mask was climbed from)."""
-        climb = self.climb
-        used = set(climb.roots) | {h["mask"] for h in self.state.history if h.get("accepted")}
+        used = set(self.climb.roots) | {h["mask"] for h in self.state.history if h.get("accepted")}
         for h in sorted(self.state.history, key=lambda e: (e["loss"], e["i"])):
             if h["mask"] not in used:
                 root = h["mask"]
-                climb.roots.append(root)
-                climb.incumbent = root
-                if climb.guard is None:
-                    per_seed = self.state.masks[root].get("per_seed")
-                    climb.guard = self.guard if per_seed and len(per_seed) >= 2 else paired.MEAN.name
+                per_seed = self.state.masks[root].get("per_seed")
+                self.state.start_climb(root, self.guard if per_seed and len(per_seed) >= 2 else paired.MEAN.name)
                 return root
         return None
 
@@ -104,9 +101,8 @@ class Polish:
         """The next move to measure; None while every move left of the incumbent is out (wait for a result), or when
         no mask is left to climb from."""
         pending = {p["mask"] for p in self.state.pending}
-        climb = self.climb
         while True:
-            inc = climb.incumbent or self._new_root()
+            inc = self.climb.incumbent or self._new_root()
             if inc is None:
                 return None
             waiting = False
@@ -118,14 +114,11 @@ class Polish:
                             "bound": self.score(m) if self.score else None}
             if waiting:
                 return None
-            climb.incumbent = None  # a local optimum: the next climb starts from another root
+            self.state.end_climb()  # a local optimum: the next climb starts from another root
 
-    def observe(self, entry: dict) -> None:
+    def observe(self, entry) -> None:
         """Accept or reject the polish move just recorded (`entry`, a history entry)."""
         climb = self.climb
-        inc = climb.incumbent
-        new, old = self.state.masks[entry["mask"]], self.state.masks[inc]
-        ok = entry["parent"] == inc and paired.guard(climb.guard).decide(new, old, self.seed)
-        entry["accepted"] = bool(ok)
-        if ok:
-            climb.incumbent = entry["mask"]
+        new, old = self.state.masks[entry["mask"]], self.state.masks[climb.incumbent]
+        ok = entry["parent"] == climb.incumbent and paired.guard(climb.guard).decide(new, old, self.seed)
+        self.state.judge_move(entry["i"], ok)

@@ -7,6 +7,7 @@ are the same figure; `predicted_speedup_text` is how a search reports it.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -14,12 +15,12 @@ from ..core import forecasters
 from ..core.io_share import IoShare
 from ..core.policy import Policy
 from ..core.profile import Profile
-from . import forecaster_check
-from .choice import CHECKED, FRESH, Choice
+from .choice import FRESH
 from .config import SearchConfig
+from .end_game import EndGame, check_provenance
 from .instant import instant_name
 from .paired import paired_difference
-from .state import POLISH, SearchState, forecaster_of, mask_of
+from .state import POLISH, SearchState, mask_of
 
 
 @dataclass
@@ -35,6 +36,7 @@ class SearchResult:
     state: SearchState
     evaluations: int       # calls of evaluate() (distinct masks), the final one included
     unchecked: bool = False  # a searched mask won without a check of its gain against the seed noise
+    end: Optional[EndGame] = None  # what the end game found (end_game.py): the check, the fresh seeds' finalists
 
 
 def searched_policy(profile: Profile, mask: Sequence[int], forecaster: str, method: str,
@@ -59,30 +61,21 @@ def method_of(entry: dict) -> str:
                                    "polish": "gcache polish"}.get(entry.get("kind"), "gcache argmin mu")
 
 
-def build(state: SearchState, profile: Profile, config: SearchConfig, choice: Choice, check: dict) -> SearchResult:
-    """The result of a finished search: the policy of the candidate the check chose (a version-3 search: the chosen
-    mask under the forecaster the check chose), with its provenance and its loss minus the instant policy's, paired
-    over the seeds."""
+def build(state: SearchState, profile: Profile, config: SearchConfig, end: EndGame) -> SearchResult:
+    """The result of a finished search: the policy of the candidate its end game chose (end_game.py), with its
+    provenance and its loss minus the instant policy's, paired over the seeds."""
     hist, fin, masks = state.history, state.final, state.masks
     best = state.best()
     own = instant_name("theory", config.forecast)  # the instant policy of the same forecaster
     theory = next((h for h in hist if h.get("method") == own), None)
-    fc_name = check["forecaster"]
+    chosen, fc_name = end.final.entry, end.final.forecaster
+    measured = masks[end.final.key]
     searched_with = forecasters.get(config.forecast).name
-    if "key" in check:  # version 4: the check chose among the candidates the choice could return
-        base, chosen = check["mask"], check["entry"]
-        searched, measured = masks[base], masks[check["key"]]
-        base_fc = forecaster_of(base, searched_with)
-        if chosen is not choice.entry:
-            choice = Choice(chosen, check.get("how", CHECKED), choice.unchecked)
-    else:
-        chosen, base_fc = choice.entry, searched_with
-        searched = masks[chosen["mask"]]
-        measured = check["results"][fc_name] if fc_name != config.forecast else searched
-    prov = state.provenance
-    prov.update({"s": chosen["s"], "degree": config.degree, "objective": config.objective, "chosen": choice.how,
+    s_chosen = None if chosen["s"] is None else [float(v) for v in chosen["s"]]
+    prov = json.loads(json.dumps(state.provenance))  # the policy's own copy
+    prov.update({"s": s_chosen, "degree": config.degree, "objective": config.objective, "chosen": end.how,
                  "won": method_of(chosen), "iterations": len(hist), "evaluations": len(masks),
-                 "search_seed": config.seed, "s_range": [config.s_min, config.s_max], "profile": state.profile_id,
+                 "search_seed": config.seed, "s_range": [config.s_min, config.s_max], "profile": dict(state.profile_id),
                  "state": state.search_id,
                  "polish": {"moves": sum(h["kind"] == POLISH for h in hist),
                             "accepted": sum(bool(h.get("accepted")) for h in hist), "guard": state.polish.guard}})
@@ -94,19 +87,19 @@ def build(state: SearchState, profile: Profile, config: SearchConfig, choice: Ch
         if vs is not None:
             metrics["loss_minus_instant"] = vs  # paired over seeds: < 0 means the search beat the instant policy
     prov["forecast"] = {"forecaster": fc_name,
-                        "chosen_by": "fresh seeds" if check.get("how") == FRESH else
-                        "forecaster check" if fc_name != base_fc else
+                        "chosen_by": "fresh seeds" if end.how == FRESH else
+                        "forecaster check" if fc_name != end.check.checked.forecaster else
                         ("search config" if fc_name == searched_with else "search")}
-    checked = forecaster_check.provenance(check, base_fc, searched)
+    checked = check_provenance(end.check, state)
     if checked:
         prov["forecast"]["check"] = checked
-    if check.get("candidates") and len(check["candidates"]) > 1:
-        prov["forecast"]["candidates_checked"] = len(check["candidates"])
-    if check.get("fresh"):
-        prov["fresh_seeds"] = check["fresh"]  # the final choice on fresh seeds (fresh_choice.py)
-        if check["key"] in check["fresh"].get("losses", {}):
-            metrics["fresh_loss"] = check["fresh"]["losses"][check["key"]]
+    fresh = end.fresh.provenance() if end.fresh is not None else {}
+    if fresh:
+        prov["fresh_seeds"] = fresh  # the final choice on fresh seeds (end_game.py)
+        if end.final.key in fresh.get("losses", {}):
+            metrics["fresh_loss"] = fresh["losses"][end.final.key]
     policy = searched_policy(profile, mask_of(chosen["mask"]), fc_name, "gcache", prov, metrics)
     return SearchResult(policy=policy, best_mask=mask_of(best["mask"]), best_loss=best["loss"],
-                        mu_mask=mask_of(fin["mask"]), mu_loss=fin["loss"], s_best=chosen["s"], s_mu=fin["s"],
-                        history=hist, state=state, evaluations=len(masks), unchecked=choice.unchecked)
+                        mu_mask=mask_of(fin["mask"]), mu_loss=fin["loss"], s_best=s_chosen,
+                        s_mu=[float(v) for v in fin["s"]], history=list(hist), state=state,
+                        evaluations=len(masks), unchecked=end.choice.unchecked, end=end)

@@ -1,13 +1,14 @@
 """The search's state file: every evaluation so far, enough to resume after a crash or an interrupt.
 
-One JSON object, written atomically after every change (format "gcache.search_state", version 4; a file of
-version 3 is read and resumed as the search it was, and stays version 3):
+One JSON object, written atomically after every change (format "gcache.search_state", version 4). A file of version
+3 is migrated once, when it is read (`migrated`), and written back as version 4 when the search changes it: nothing
+after the read tells the versions apart.
 
 A measured candidate is a mask applied with a forecaster: its key is the mask ("1001…") when the forecaster is the
 search's own, else the mask and the forecaster's name ("1001…@l2p", `key_of`). A search with a profile-fitted
 forecaster measures the instant masks of every profile-fitted forecaster under that forecaster (starts.py), and its
-forecaster check measures its best masks under the others (forecaster_check.py), so a history entry's "mask" and the
-keys of "masks" are such keys (version 4).
+forecaster check measures its chosen mask under the others (end_game.py), so a history entry's "mask" and the keys of
+"masks" are such keys.
 
     fingerprint  the search id: a hash of the config's identity (config.identity_of: less the budget and the polish
                  guard), the profile, the provenance and the names of the start masks (what the search proposes
@@ -16,16 +17,18 @@ keys of "masks" are such keys (version 4).
     history      one entry per proposal, in the order its result came back: i, kind (instant | grid | gp | polish),
                  s, mask, loss, reused, seconds, bound, kappa, gp_seconds (+ method for start masks; parent and
                  accepted for polish moves)
-    masks        each distinct mask's loss (and per-seed losses): a mask is evaluated once
+    masks        each distinct candidate's loss (and per-seed losses): a candidate is evaluated once
     gp           {"theta": the last fit's log-hyperparameters}, the next fit's warm start
     polish       the polish stage's climb: incumbent, roots, guard (polish.py; the guard's name: paired.SAVED_GUARDS)
     final, done  the argmin-μ mask measured at the end
     pending      proposals dispatched and not back yet; a resumed search dispatches them again
-    forecasters  the forecaster check (forecaster_check.py): the mask it ran on and each forecaster's loss on it;
-                 absent until it ran (version 4: the check of the key the search returns; what the check measured is
-                 in "masks" under its keys)
+    forecasters  the forecaster check (end_game.py): the candidate it checked and each other forecaster's loss on its
+                 mask (also in "masks" under their keys); absent until it ran
+    fresh        the final choice on fresh seeds (end_game.py): {"masks": key -> its loss on the fresh seeds}; absent
+                 in a file made before that choice (its search resumes without it)
 
-Code outside this module reads and writes the file's content only through SearchState's accessors.
+Code outside this module reads the file's content only through SearchState's accessors, which hand out read-only
+copies (`frozen`), and changes it only through SearchState's methods.
 
 A state file of another search, a newer or older format, or a damaged file is refused and left untouched.
 """
@@ -35,7 +38,8 @@ import hashlib
 import json
 import math
 import os
-from dataclasses import asdict
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 import numpy as np
@@ -49,7 +53,7 @@ from .paired import SAVED_GUARDS
 
 STATE_FORMAT = "gcache.search_state"
 STATE_VERSION = 4  # 4: candidates are (mask, forecaster) keys; 3: start masks of several error models, polish moves
-READS = (3, 4)     # 3 is resumed as it was written (its own start masks, the check on its chosen mask); older: refused
+READS = (3, 4)     # 3 is migrated when read (migrated); older: refused
 # What a history entry's "kind" is: the phase that proposed it (loop.py). Start masks keep their first name, "instant".
 START, GRID, GP, POLISH = KINDS = ("instant", "grid", "gp", "polish")
 FINAL = "final"  # the argmin-μ entry measured at the end (state.final), as best() and the progress reports name it
@@ -167,13 +171,13 @@ def _check(state: dict) -> None:
             isinstance(state["final"], dict) and mask_ok(state["final"].get("mask"))
             and number(state["final"].get("loss")))):
         raise ValueError("bad final entry")
-    checked = state.get("forecasters")  # the forecaster check (forecaster_check.py); absent before it ran
+    checked = state.get("forecasters")  # the forecaster check (end_game.py); absent before it ran
     if checked is not None and not (isinstance(checked, dict) and mask_ok(checked.get("mask"))
                                     and isinstance(checked.get("results"), dict)
                                     and all(isinstance(k, str) and isinstance(r, dict) and number(r.get("loss"))
                                             for k, r in checked["results"].items())):
         raise ValueError("bad forecaster check entry")
-    fresh = state.get("fresh")  # the final choice on fresh seeds (fresh_choice.py); absent in files made before it
+    fresh = state.get("fresh")  # the final choice on fresh seeds (end_game.py); absent in files made before it
     if fresh is not None and not (isinstance(fresh, dict) and isinstance(fresh.get("masks"), dict)
                                   and all(mask_ok(k) and isinstance(r, dict) and number(r.get("loss"))
                                           for k, r in fresh["masks"].items())):
@@ -248,65 +252,102 @@ def loss_of(raw: Any) -> tuple[float, Optional[list]]:
         return float("nan"), None
 
 
+def _read_only(self, *args, **kwargs):
+    raise TypeError("a search state's entries are read-only: SearchState's methods change them")
+
+
+class ReadOnlyDict(dict):
+    """A dict that can't be changed: what SearchState's accessors hand out (equal to a dict, JSON as a dict; its copy
+    and pickle are plain dicts)."""
+    __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _read_only
+
+    def copy(self) -> dict:
+        return dict(self)
+
+    def __reduce__(self):
+        return dict, (dict(self),)
+
+
+class ReadOnlyList(list):
+    """A list that can't be changed (ReadOnlyDict's companion)."""
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = append = extend = insert = pop = remove = clear = sort = \
+        reverse = _read_only
+
+    def copy(self) -> list:
+        return list(self)
+
+    def __reduce__(self):
+        return list, (list(self),)
+
+
+def frozen(value: Any) -> Any:
+    """A read-only copy of a JSON value (ReadOnlyDict, ReadOnlyList): what the accessors hand out."""
+    if isinstance(value, dict):
+        return ReadOnlyDict({k: frozen(v) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return ReadOnlyList(frozen(v) for v in value)
+    return value
+
+
+def migrated(data: dict) -> dict:
+    """A checked state file's content in the current format (version 4), migrated once when it is read: a version-3
+    file kept the forecaster check's results beside its masks; version 4 keeps them among the measured candidates,
+    under their keys (key_of), as a check measures them now. A file of version 3 has no "fresh" entry: it resumes
+    without the final choice on fresh seeds, as any file made before that choice."""
+    if data.get("version") != 3:
+        return data
+    data = json.loads(json.dumps(data))
+    checked = data.get("forecasters")
+    if checked:
+        for name, r in checked["results"].items():
+            data["masks"].setdefault(key_of(checked["mask"], name), {
+                "loss": r["loss"], "seconds": 0.0, "first": len(data["history"]),
+                **({"per_seed": r["per_seed"]} if r.get("per_seed") is not None else {})})
+    data["version"] = STATE_VERSION
+    return data
+
+
+@dataclass(frozen=True)
 class PolishClimb:
     """The polish stage's climb as the state file keeps it ("polish"): the mask being climbed from (incumbent), the
     masks climbs started from (roots), and the guard the search polishes with (paired.SAVED_GUARDS: None until the
-    first move)."""
-
-    def __init__(self, data: dict):
-        self._data = data
-
-    @property
-    def incumbent(self) -> Optional[str]:
-        return self._data["incumbent"]
-
-    @incumbent.setter
-    def incumbent(self, key: Optional[str]) -> None:
-        self._data["incumbent"] = key
-
-    @property
-    def roots(self) -> list:
-        return self._data["roots"]
-
-    @property
-    def guard(self) -> Optional[str]:
-        return self._data["guard"]
-
-    @guard.setter
-    def guard(self, name: str) -> None:
-        self._data["guard"] = name
+    first move). A copy: SearchState's climb methods change it."""
+    incumbent: Optional[str]
+    roots: tuple
+    guard: Optional[str]
 
     def as_dict(self) -> dict:
-        return dict(self._data, roots=list(self.roots))
+        return {"incumbent": self.incumbent, "roots": list(self.roots), "guard": self.guard}
 
 
 class SearchState:
     """The state of one search and its file (`path`; None keeps it in memory): every read and write of the state
-    file's content goes through here."""
+    file's content goes through here. The accessors hand out read-only copies (`frozen`: mappings that can't be
+    changed), every change is a method below, and the file is written by `save`."""
 
     def __init__(self, data: dict, path: Optional[str]):
         self._data, self.path = data, path
+        self._views: dict = {}  # read-only copies handed out since the last change
 
     @classmethod
     def open(cls, path: Optional[str], config: SearchConfig, profile: Profile, provenance: dict,
              starts: list, own_starts: Optional[list] = None) -> "SearchState":
         """The state in `path` when it belongs to this search (a larger budget continues it), else a new one.
-        `starts`: the names of the start masks; `own_starts`: those of the search's own forecaster only (what a
-        search of version 3 had: such a file is resumed with them, `starts_names` says which). A state file of
-        another search is refused and left untouched."""
+        `starts`: the names of the start masks; `own_starts`: those of the search's own forecaster only. A file made
+        with its own forecaster's start masks only (one of version 3, made before searches measured the others, or
+        one whose evaluation could not apply another forecaster) resumes with them: `starts_names` says which. A
+        state file of another search is refused and left untouched."""
         prof_id = profile_identity(profile)
         sid = search_id(config, prof_id, provenance, starts)
-        if path and os.path.exists(path) and own_starts is not None and own_starts != starts:
-            data = load_state(path)
-            if data["version"] == 3 and data["fingerprint"] == search_id(config, prof_id, provenance, own_starts):
-                sid = data["fingerprint"]  # a search made before version 4: resumed with its own start masks
         if not (path and os.path.exists(path)):
             return cls({"format": STATE_FORMAT, "version": STATE_VERSION, "fingerprint": sid, "config": asdict(config),
                         "profile": prof_id, "provenance": provenance, "starts": list(starts), "history": [],
                         "masks": {}, "gp": {"theta": None}, "polish": {"incumbent": None, "roots": [], "guard": None},
                         "final": None, "done": False, "pending": [], "fresh": {"masks": {}}}, path)
-        data = load_state(path)
-        if data["fingerprint"] != sid:  # the search id
+        data = migrated(load_state(path))
+        if data["fingerprint"] != sid and not (own_starts is not None and data["starts"] == list(own_starts) and
+                                               data["fingerprint"] == search_id(config, prof_id, provenance,
+                                                                                own_starts)):
             raise _another_search(path, _differences(data, config, prof_id, provenance, starts))
         data["config"]["budget"] = config.budget
         if len(data["history"]) < config.budget:
@@ -318,44 +359,56 @@ class SearchState:
         """The state file at `path` as it is, read-only (None when there is none or it can't be read: the search
         itself says why when it runs)."""
         try:
-            return cls(load_state(path), None) if os.path.isfile(path) else None
+            return cls(migrated(load_state(path)), None) if os.path.isfile(path) else None
         except GCacheError:
             return None
 
     # ------------------------------------------------------------------------------------------ reading
+    def _view(self, name: str, make) -> Any:
+        if name not in self._views:
+            self._views[name] = frozen(make())
+        return self._views[name]
+
     @property
     def history(self) -> list:
         """One entry per proposal, in the order results came back (module docstring)."""
-        return self._data["history"]
+        return self._view("history", lambda: self._data["history"])
 
     @property
-    def masks(self) -> dict:
-        """mask key -> {"loss", "seconds", "first", "per_seed"?}: each distinct mask's measurement."""
-        return self._data["masks"]
+    def masks(self) -> Mapping:
+        """mask key -> {"loss", "seconds", "first", "per_seed"?}: each distinct candidate's measurement."""
+        return self._view("masks", lambda: self._data["masks"])
 
     @property
     def pending(self) -> list:
-        return self._data["pending"]
+        return self._view("pending", lambda: self._data["pending"])
 
     @property
-    def final(self) -> Optional[dict]:
+    def final(self) -> Optional[Mapping]:
         """The argmin-μ mask measured at the end (None before)."""
-        return self._data.get("final")
+        return self._view("final", lambda: self._data.get("final"))
 
     @property
     def polish(self) -> PolishClimb:
-        return PolishClimb(self._data["polish"])
+        pol = self._data["polish"]
+        return PolishClimb(pol["incumbent"], tuple(pol["roots"]), pol["guard"])
 
     @property
-    def checked(self) -> Optional[dict]:
-        """The forecaster check (forecaster_check.py): {"mask", "results": name -> {"loss", "per_seed"?}}, or None
-        before it ran."""
-        return self._data.get("forecasters")
+    def checked(self) -> Optional[Mapping]:
+        """The forecaster check (end_game.py): {"mask" (the candidate checked), "results": forecaster -> {"loss",
+        "per_seed"?}}, or None before it ran."""
+        return self._view("checked", lambda: self._data.get("forecasters"))
 
     @property
-    def config(self) -> dict:
+    def fresh(self) -> Optional[Mapping]:
+        """The candidates measured on the fresh seeds (key -> {"loss", "per_seed"?}); None in a file made before the
+        final choice on fresh seeds (its search resumes without it)."""
+        return self._view("fresh", lambda: None if self._data.get("fresh") is None else self._data["fresh"]["masks"])
+
+    @property
+    def config(self) -> Mapping:
         """The config the file was written with (SearchConfig as a dict)."""
-        return self._data.get("config") or {}
+        return self._view("config", lambda: self._data.get("config") or {})
 
     @property
     def seed(self) -> int:
@@ -363,12 +416,14 @@ class SearchState:
         return int(self.config.get("seed", 0))
 
     @property
-    def provenance(self) -> dict:
-        return dict(self._data.get("provenance") or {})
+    def provenance(self) -> Mapping:
+        """What the search's caller said of it (the policy's provenance starts from it)."""
+        return self._view("provenance", lambda: self._data.get("provenance") or {})
 
     @property
-    def profile_id(self) -> dict:
-        return self._data.get("profile")
+    def profile_id(self) -> Optional[Mapping]:
+        """The profile's identity (profile_identity)."""
+        return self._view("profile", lambda: self._data.get("profile"))
 
     @property
     def search_id(self) -> str:
@@ -379,25 +434,17 @@ class SearchState:
         return self._data["done"]
 
     @property
-    def version(self) -> int:
-        """The file's format version: 3 for a search made before candidates had a forecaster (resumed as it was)."""
-        return int(self._data["version"])
-
-    @property
     def starts_names(self) -> list:
         """The names of the start masks this search measures."""
-        return list(self._data["starts"])
+        return self._view("starts", lambda: self._data["starts"])
 
     @property
     def theta(self) -> Optional[list]:
-        return self._data["gp"]["theta"]
-
-    @theta.setter
-    def theta(self, value: Optional[list]) -> None:
-        self._data["gp"]["theta"] = value
+        """The GP's last log-hyperparameters (its next fit's warm start)."""
+        return self._view("theta", lambda: self._data["gp"]["theta"])
 
     def best(self, upto: Optional[int] = None, kinds: Optional[tuple] = None, with_final: bool = False
-             ) -> Optional[dict]:
+             ) -> Optional[Mapping]:
         """The best history entry: the lowest loss, ties to the earliest (a start mask is kept over a later entry that
         equals it). `upto`: among the first entries only; `kinds`: of these kinds only; `with_final`: the argmin-μ
         entry measured at the end competes too (after every entry on a tie). None when there is none."""
@@ -410,65 +457,115 @@ class SearchState:
 
     def proposed(self) -> int:
         """Proposals made so far: the finished ones and those still out."""
-        return len(self.history) + len(self.pending)
+        return len(self._data["history"]) + len(self._data["pending"])
 
     def is_pending(self, key: str) -> bool:
-        return any(p["mask"] == key for p in self.pending)
+        return any(p["mask"] == key for p in self._data["pending"])
 
     # ------------------------------------------------------------------------------------------ writing
+    def _changed(self) -> None:
+        self._views.clear()
+
+    @theta.setter
+    def theta(self, value) -> None:
+        self._data["gp"]["theta"] = None if value is None else [float(v) for v in value]
+        self._changed()
+
     def measure(self, key: str, raw: Any, seconds: float, first: int) -> None:
         """Keep what evaluate() returned for mask `key` (the loss, and the per-seed losses for paired comparisons);
         `first` is the history index that measured it. A loss that is no finite number stops the search."""
         loss, per_seed = loss_of(raw)
         if not math.isfinite(loss):
             raise GCacheError(f"The evaluation of mask {key} returned {raw!r:.120}, not a finite loss (the run diverged or "
-                              f"the objective failed). The state file keeps the {len(self.history)} evaluations "
-                              "before it; fix the evaluation and run the search again to resume.")
-        self.masks[key] = {"loss": loss, "seconds": round(seconds, 4), "first": first}
-        if per_seed is not None:
-            self.masks[key]["per_seed"] = per_seed
+                              f"the objective failed). The state file keeps the {len(self._data['history'])} "
+                              "evaluations before it; fix the evaluation and run the search again to resume.")
+        self._data["masks"][key] = {"loss": loss, "seconds": round(seconds, 4), "first": first,
+                                    **({"per_seed": per_seed} if per_seed is not None else {})}
+        self._changed()
 
-    def dispatch(self, proposal: dict) -> None:
+    def dispatch(self, proposal: Mapping) -> None:
         """A proposal goes out: pending until its result comes back."""
-        self.pending.append(proposal)
+        self._data["pending"].append(_plain(proposal))
+        self._changed()
 
-    def returned(self, proposal: dict) -> list:
-        """The proposal's result is back: it and every other pending proposal of the same mask (proposed while it was
-        out) leave the pending list; returns those others."""
-        others = [o for o in self.pending if o["mask"] == proposal["mask"] and o is not proposal]
-        self.pending[:] = [o for o in self.pending if o["mask"] != proposal["mask"]]
-        return others
+    def returned(self, key: str) -> list:
+        """The result of candidate `key` is back: every pending proposal of it leaves the pending list; returns them,
+        the one dispatched first (the one whose evaluation ran: a proposal of a candidate already out is not
+        dispatched again) and then those proposed while it was out."""
+        pending = self._data["pending"]
+        back = [p for p in pending if p["mask"] == key]
+        pending[:] = [p for p in pending if p["mask"] != key]
+        self._changed()
+        return frozen(back)
 
-    def record(self, proposal: dict, seconds: float, reused: bool) -> dict:
+    def record(self, proposal: Mapping, seconds: float, reused: bool) -> Mapping:
         """Append the history entry of a proposal whose mask is measured; returns the entry."""
-        entry = {"i": len(self.history), "kind": proposal["kind"], "s": proposal["s"], "mask": proposal["mask"],
-                 "loss": self.masks[proposal["mask"]]["loss"], "reused": reused, "seconds": round(seconds, 4),
+        hist = self._data["history"]
+        entry = {"i": len(hist), "kind": proposal["kind"], "s": _plain(proposal["s"]), "mask": proposal["mask"],
+                 "loss": self._data["masks"][proposal["mask"]]["loss"], "reused": reused, "seconds": round(seconds, 4),
                  "bound": proposal.get("bound"), "kappa": proposal.get("kappa"), "gp_seconds": proposal.get("gp_seconds")}
         for key in ("method", "parent"):
             if proposal.get(key):
                 entry[key] = proposal[key]
-        self.history.append(entry)
-        return entry
+        hist.append(entry)
+        self._changed()
+        return frozen(entry)
 
-    @property
-    def fresh(self) -> Optional[dict]:
-        """The candidates measured on the fresh seeds (key -> {"loss", "per_seed"?}); None in a file made before the
-        final choice on fresh seeds (its search resumes without it)."""
-        fresh = self._data.get("fresh")
-        return None if fresh is None else fresh["masks"]
+    # the polish stage's climb (polish.py)
+    def start_climb(self, root: str, guard: str) -> None:
+        """A climb starts from `root`; `guard`: the polish guard's name, kept when the search has one already."""
+        pol = self._data["polish"]
+        pol["roots"].append(root)
+        pol["incumbent"] = root
+        if pol["guard"] is None:
+            pol["guard"] = guard
+        self._changed()
 
-    def check_results(self, key: str) -> dict:
-        """The forecaster check's results on mask `key` (name -> {"loss", "per_seed"?}), to be filled: a check of
-        another mask is dropped."""
-        checked = self.checked
-        if not checked or checked.get("mask") != key:
-            checked = self._data["forecasters"] = {"mask": key, "results": {}}
-        return checked["results"]
+    def judge_move(self, i: int, accepted: bool) -> None:
+        """History entry i, a polish move, was accepted by the guard (it becomes the incumbent) or not."""
+        entry = self._data["history"][i]
+        entry["accepted"] = bool(accepted)
+        if accepted:
+            self._data["polish"]["incumbent"] = entry["mask"]
+        self._changed()
 
-    def finish(self, final: dict) -> None:
-        self._data["final"], self._data["done"] = final, True
+    def end_climb(self) -> None:
+        """The incumbent is a local optimum: the next climb starts from another root."""
+        self._data["polish"]["incumbent"] = None
+        self._changed()
+
+    # the end game (end_game.py)
+    def finish(self, final: Mapping) -> None:
+        self._data["final"], self._data["done"] = _plain(final), True
+        self._changed()
         self.save()
+
+    def record_check(self, key: str, results: Mapping) -> bool:
+        """The forecaster check of candidate `key`: forecaster -> {"loss", "per_seed"?} (what it measured of the
+        candidate under the others). Returns whether the state changed."""
+        record = {"mask": key, "results": {g: {k: _plain(r[k]) for k in ("loss", "per_seed") if k in r}
+                                           for g, r in results.items()}}
+        if self._data.get("forecasters") == record:
+            return False
+        self._data["forecasters"] = record
+        self._changed()
+        return True
+
+    def measure_fresh(self, key: str, loss: float, per_seed: Optional[list]) -> None:
+        """Candidate `key`'s loss on the fresh seeds (the final choice, end_game.py)."""
+        self._data["fresh"]["masks"][key] = {"loss": float(loss),
+                                             **({"per_seed": list(per_seed)} if per_seed is not None else {})}
+        self._changed()
 
     def save(self) -> None:
         if self.path:
             atomic_write_text(self.path, json.dumps(self._data, indent=1, allow_nan=False))
+
+
+def _plain(value: Any) -> Any:
+    """A plain JSON copy of a value that may hold what the accessors hand out (read-only or not)."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value

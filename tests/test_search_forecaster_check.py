@@ -1,4 +1,4 @@
-"""The search's forecaster check (search/forecaster_check.py): the chosen mask under the other profile-fitted
+"""The search's forecaster check (search/end_game.py check): the chosen candidate under the other profile-fitted
 forecasters, who is a candidate, the rule (hand-computed cases), the policy it gives, the state file it keeps and a
 resumed search that does not measure again."""
 import json
@@ -8,10 +8,10 @@ import pytest
 
 from gcache.core.errors import GCacheError
 from gcache.core.policy import Policy
-from gcache.search import forecaster_check
+from gcache.search import end_game, paired
 from gcache.search.loop import mask_key, run_search
 from gcache.search.config import SearchConfig
-from gcache.search.forecaster_check import candidates, pick
+from gcache.search.end_game import Candidate, fitted_forecasters, pick
 from gcache.search.state import load_state
 from test_forecaster_l2p import profile_of, trajectories
 
@@ -50,21 +50,20 @@ def test_pick_by_hand():
         assert pick(base, {"a": both}, seed) == "a"
         assert pick(base, {"a": worse}, seed) is None
         assert pick(base, {"a": lopsided}, seed) is None  # one seed carries the mean: one half doesn't improve
-        assert pick(base, {"a": lopsided}, seed, "mean") == "a"
+        assert pick(base, {"a": lopsided}, seed, paired.MEAN) == "a"
         assert pick(base, {"a": both, "b": {"loss": 0.85, "per_seed": [0.85] * 4}}, seed) == "b"  # the lowest loss
-    assert pick(base, {"a": both}, 0, "noise") == "a"  # gain 0.1, s.e. 0: beyond the noise
-    assert pick(base, {"a": noisy}, 0, "noise") is None and pick(base, {"a": noisy}, 0, "mean") == "a"
-    assert pick(base, {"a": both}, 0, "never") is None
+    noise = paired.beyond_z(2.0)  # the bench's alternative: a gain beyond 2 paired standard errors
+    assert pick(base, {"a": both}, 0, noise) == "a"  # gain 0.1, s.e. 0: beyond the noise
+    assert pick(base, {"a": noisy}, 0, noise) is None and pick(base, {"a": noisy}, 0, paired.MEAN) == "a"
+    assert pick(base, {"a": both}, 0, None) is None  # never
     assert pick({"loss": 1.0}, {"a": {"loss": 0.99}}, 0) == "a"  # no per-seed losses: the mean decides
-    with pytest.raises(ValueError):
-        pick(base, {"a": both}, 0, "best")
 
 
 def test_candidates_are_the_other_profile_fitted_forecasters(prof):
-    assert candidates(prof, "fitted") == ["l2p"] and candidates(prof, "l2p") == ["fitted"]
-    assert candidates(prof, "linear") == [] and candidates(prof, "reuse") == []  # a fixed rule the user asked for
+    assert fitted_forecasters(prof, "fitted") == ["fitted", "l2p"] and fitted_forecasters(prof, "l2p") == ["l2p", "fitted"]
+    assert fitted_forecasters(prof, "linear") == [] and fitted_forecasters(prof, "reuse") == []  # a fixed rule
     samples, times = trajectories()
-    assert candidates(profile_of(samples, times, forecast=False), "fitted") == []  # l2p can't fit: no Gram statistics
+    assert fitted_forecasters(profile_of(samples, times, forecast=False), "fitted") == ["fitted"]  # l2p can't fit
 
 
 # ------------------------------------------------------------------------------------------------ in the search
@@ -107,31 +106,29 @@ def _state(masks: dict, history: list):
     return st
 
 
-def test_the_check_on_every_candidate_by_hand(prof):
-    """Three masks the choice accepts; A (chosen, fitted) and B within the seeds' noise of it, C clearly worse.
-    l2p is worse on A and better on both halves of the seeds on B, better still than A under fitted: B under l2p
-    wins. C is not a candidate; nothing measured is measured again."""
-    from gcache.search.choice import ranking
-    a, b, c, start = "1111100000", "1110110000", "1101110000", "1011110000"
-    st = _state({a: [1.0, 1.2, 0.9, 1.1], b: [1.05, 1.1, 1.0, 1.1], c: [2.0, 2.1, 2.0, 2.1],
-                 start: [3.0, 3.0, 3.0, 3.0]}, [("instant", start), ("gp", c), ("gp", b), ("gp", a)])
-    ranked = ranking(st)
-    assert [r.entry["mask"] for r in ranked] == [a, b, c, start]
-    keys = forecaster_check.could_return(st, ranked)
-    assert keys == [a, b]  # A beats C by far more than 2 standard errors; B is within them
-    l2p = {a: [1.5, 1.5, 1.5, 1.5], b: [0.8, 0.8, 0.7, 0.8]}
-    calls = []
+def test_the_check_of_the_chosen_candidate_by_hand(prof):
+    """A (chosen, fitted) and B within the seeds' noise of it: the check measures A alone under l2p (the window of
+    candidates within 2 standard errors is gone). l2p worse on A: A stays; l2p better on both halves of A: A under
+    l2p is the pick, and its entry is A's. What it measured is kept: nothing is measured twice."""
+    from gcache.search.choice import choose
+    a, b, start = "1111100000", "1110110000", "1011110000"
+    for l2p, wins in (([1.5, 1.5, 1.5, 1.5], False), ([0.8, 0.9, 0.7, 0.8], True)):
+        st = _state({a: [1.0, 1.2, 0.9, 1.1], b: [1.05, 1.1, 1.0, 1.1], start: [3.0, 3.0, 3.0, 3.0]},
+                    [("instant", start), ("gp", b), ("gp", a)])
+        choice = choose(st)
+        assert choice.entry["mask"] == a
+        calls = []
 
-    def measure(mask, name):
-        key = "".join(map(str, mask))
-        calls.append((key, name))
-        return l2p[key]
-    check = forecaster_check.run_on_candidates(st, prof, "fitted", keys, measure)
-    assert calls == [(a, "l2p"), (b, "l2p")]
-    assert check["key"] == b + "@l2p" and check["mask"] == b and check["forecaster"] == "l2p"
-    assert st.masks[b + "@l2p"]["loss"] == pytest.approx(0.775) and st.checked["mask"] == b
-    assert forecaster_check.run_on_candidates(st, prof, "fitted", keys, measure)["key"] == b + "@l2p"
-    assert len(calls) == 2  # kept in the state
+        def measure(mask, name):
+            calls.append(("".join(map(str, mask)), name))
+            return l2p
+        candidate = Candidate(a, choice.entry, "fitted")
+        out = end_game.check(st, prof, "fitted", candidate, measure)
+        assert calls == [(a, "l2p")] and out.checked == candidate and out.skipped is None
+        assert out.results["l2p"]["loss"] == pytest.approx(sum(l2p) / 4) and st.checked["mask"] == a
+        assert out.pick == (Candidate(a + "@l2p", choice.entry, "l2p") if wins else candidate)
+        again = end_game.check(st, prof, "fitted", candidate, measure)
+        assert again == out and len(calls) == 1  # kept in the state
 
 
 def test_a_worse_forecaster_leaves_the_policy_as_searched(prof):
@@ -179,5 +176,24 @@ def test_a_damaged_check_entry_is_refused(prof, tmp_path):
             load_state(str(path))
 
 
-def test_rules_are_what_the_bench_compares():
-    assert forecaster_check.RULE in forecaster_check.RULES
+def test_the_search_s_rule_is_one_the_bench_compares():
+    from gcache.bench.forecaster_check import rules
+    assert rules()["halves"] is paired.CHECK
+
+
+def test_a_search_made_without_the_other_forecasters_resumes_as_it_was_searched(prof, tmp_path):
+    """A state file of a search whose evaluation could not apply another forecaster (its own start masks only), run
+    again with a larger budget by one that can: it continues with its own start masks (its id is theirs, and its
+    file names them), and its forecaster check runs now."""
+    path = str(tmp_path / "s.json")
+    ev = Evaluator({"l2p": 0.5})
+    run_search(prof, SearchConfig(**CFG), lambda mask: ev(mask), state_path=path, provenance={"seeds": [1, 2]})
+    starts = load_state(path)["starts"]
+    assert not any("l2p" in name for name in starts)
+    again = Evaluator({"l2p": 0.5})
+    res = run_search(prof, SearchConfig(**dict(CFG, budget=CFG["budget"] + 4)), again, state_path=path,
+                     provenance={"seeds": [1, 2]})
+    on_disk = load_state(path)
+    assert on_disk["starts"] == starts and len(on_disk["history"]) == CFG["budget"] + 4
+    assert not any(h["kind"] == "instant" and "@" in h["mask"] for h in on_disk["history"])
+    assert any(f == "l2p" for _, f in again.calls) and res.policy.provenance["forecast"]["check"]["l2p"]

@@ -1,4 +1,4 @@
-"""The final choice on fresh seeds (search/fresh_choice.py): the seeds, the finalists and the winner by hand, a search
+"""The final choice on fresh seeds (search/end_game.py): the seeds, the finalists and the winner by hand, a search
 whose own seeds rank the forecasters the other way from its fresh seeds, resuming without sampling again, and the
 searches that skip it (an evaluation that can't, a fixed rule, a state file made before it)."""
 import json
@@ -6,9 +6,9 @@ import logging
 
 import pytest
 
-from gcache.search import fresh_choice
+from gcache.search import end_game
 from gcache.search.config import SearchConfig
-from gcache.search.fresh_choice import finalists, fresh_seeds
+from gcache.search.end_game import finalists, fresh_seeds, on_fresh_seeds
 from gcache.search.loop import run_search
 from gcache.search.state import SearchState, load_state
 from test_forecaster_l2p import profile_of, trajectories
@@ -60,14 +60,14 @@ def test_the_finalists_and_the_winner_by_hand():
         key = "".join(map(str, mask)) + (f"@{fc}" if fc else "")
         calls.append(key)
         return fresh[key]
-    out = fresh_choice.run(st, keys, measure, "fitted")
-    assert calls == [a, d] and out["key"] == d and out["evaluations"] == 2 and out["seeds"] == 2
-    assert out["losses"] == {a: pytest.approx(2.1), d: pytest.approx(1.2)}
-    assert fresh_choice.entry_of(st, d)["mask"] == "1011110000"  # the variant's mask, from the history
-    rec = fresh_choice.provenance(out, a)
+    out = on_fresh_seeds(st, keys, measure, "fitted")
+    assert calls == [a, d] and out.winner == d and out.seeds == 2 and out.finalists == (a, d)
+    assert out.losses == {a: pytest.approx(2.1), d: pytest.approx(1.2)}
+    assert end_game.entry_of(st, d)["mask"] == "1011110000"  # the variant's mask, from the history
+    rec = out.provenance()
     assert rec["replaced"] is True and rec["seeds"] == 2 and set(rec["losses"]) == {a, d}
-    again = fresh_choice.run(st, keys, None, "fitted")  # kept in the state: nothing measured again
-    assert len(calls) == 2 and again["key"] == d and again["evaluations"] == 0
+    again = on_fresh_seeds(st, keys, None, "fitted")  # kept in the state: nothing measured again
+    assert len(calls) == 2 and again == out
 
 
 def test_a_lower_fresh_loss_within_one_standard_error_keeps_the_pick():
@@ -79,18 +79,18 @@ def test_a_lower_fresh_loss_within_one_standard_error_keeps_the_pick():
 
     def measure(mask, fc):
         return fresh["".join(map(str, mask)) + (f"@{fc}" if fc else "")]
-    assert fresh_choice.run(st, [a, d], measure, "fitted")["key"] == a
-    assert fresh_choice.run(st, [a, d, e], measure, "fitted")["key"] == e
+    assert on_fresh_seeds(st, [a, d], measure, "fitted").winner == a
+    assert on_fresh_seeds(st, [a, d, e], measure, "fitted").winner == e
 
 
 def test_a_tie_keeps_the_pick_and_no_measure_says_why():
     a, d = "1111100000", "1011110000@l2p"
     st = _state({a: [1.0], d: [1.1]}, [a, d])
-    out = fresh_choice.run(st, [a, d], lambda mask, fc: [0.5], "fitted")
-    assert out["key"] == a  # equal fresh losses: the search's pick stays
+    out = on_fresh_seeds(st, [a, d], lambda mask, fc: [0.5], "fitted")
+    assert out.winner == a  # equal fresh losses: the search's pick stays
     st2 = _state({a: [1.0], d: [1.1]}, [a, d])
-    skipped = fresh_choice.run(st2, [a, d], None, "fitted", "no references here")
-    assert skipped["key"] == a and "did not run: no references here; the search's pick stays" in skipped["skipped"]
+    skipped = on_fresh_seeds(st2, [a, d], None, "fitted", "no references here")
+    assert skipped.winner == a and "did not run: no references here; the search's pick stays" in skipped.skipped
     assert st2.fresh == {}
 
 

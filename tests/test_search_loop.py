@@ -8,14 +8,13 @@ import numpy as np
 import pytest
 
 from gcache.core.weights import bernstein_w
-from gcache.search import loop as loop_module
 from gcache.search.config import SearchConfig
 from gcache.search.dp import mask_cost
 from gcache.search.executor import InProcessExecutor
 from gcache.search.gp import KAPPA_START, start_grid
 from gcache.search.infra.parallel import ThreadExecutor
-from gcache.search import forecaster_check
-from gcache.search.choice import ranking
+from gcache.search import end_game as end_game_module
+from gcache.search.choice import choose
 from gcache.search.loop import SearchLoop, mask_key
 from gcache.search.starts import instant_masks
 from test_forecaster_l2p import profile_of, trajectories
@@ -66,7 +65,7 @@ def record(lp: SearchLoop, p: dict, ev=loss) -> dict:
     entry = st.record(p, 0.0, False)
     if entry["kind"] == "polish":
         lp.polisher.observe(entry)
-    return entry
+    return st.history[entry["i"]]  # with the polish guard's verdict
 
 
 @pytest.fixture
@@ -191,17 +190,18 @@ def test_l2p_wins_the_start_masks_and_the_search_goes_on_with_it(fitted_prof):
     assert later and all(h["mask"].endswith("@l2p") for h in later)  # grid, GP, polish: under l2p
     assert all(f == "l2p" for k, f in ev.calls[len(lp.starts):])
     ev.calls.clear()
-    choice = lp.choose()
-    assert choice.entry["mask"].endswith("@l2p")
-    check = lp.check(choice)
-    bits = [k.split("@")[0] for k in check["candidates"]]
-    assert check["candidates"][0] == choice.entry["mask"] and all(k.endswith("@l2p") for k in check["candidates"])
-    assert ev.calls == [(b, None) for b in bits if b not in lp.state.masks or True][:len(ev.calls)]
-    assert {b for b, _ in ev.calls} <= set(bits) and all(b in lp.state.masks for b in bits)  # fitted variants
-    assert check["forecaster"] == "l2p" and check["key"] == choice.entry["mask"] and check["skipped"] is None
-    assert lp.state.checked["mask"] == choice.entry["mask"]
+    chosen = choose(lp.state).entry["mask"]
+    bits = chosen.split("@")[0]
+    measured_before = bits in lp.state.masks
+    end = lp.end_game()
+    assert chosen.endswith("@l2p") and end.choice.entry["mask"] == chosen and end.check.checked.key == chosen
+    assert ev.calls == ([] if measured_before else [(bits, None)])  # the chosen mask under fitted, once
+    assert bits in lp.state.masks
+    assert end.check.pick.forecaster == "l2p" and end.check.pick.key == chosen and end.check.skipped is None
+    assert end.final == end.check.pick and "can_sample_fresh" in end.fresh.skipped  # Declared samples no fresh seeds
+    assert lp.state.checked["mask"] == chosen
     n = len(ev.calls)
-    assert lp.check(choice)["key"] == check["key"] and len(ev.calls) == n  # kept in the state: not measured again
+    assert lp.end_game() == end and len(ev.calls) == n  # kept in the state: not measured again
 
 
 def test_an_evaluate_that_declares_nothing_gets_no_check_even_with_a_forecast_argument(fitted_prof, caplog):
@@ -212,8 +212,8 @@ def test_an_evaluate_that_declares_nothing_gets_no_check_even_with_a_forecast_ar
         return loss(mask)
     lp = finished_loop(fitted_prof, InProcessExecutor(undeclared))
     with caplog.at_level(logging.INFO, logger="gcache"):
-        check = lp.check(lp.choose())
-    assert set(calls) == {None} and check["forecaster"] == "fitted" and "and this one can't" in check["skipped"]
+        check = lp.end_game().check
+    assert set(calls) == {None} and check.pick.forecaster == "fitted" and "and this one can't" in check.skipped
     threads = ThreadExecutor(Declared(), workers=1)
     try:
         assert threads.can_apply_forecaster and not ThreadExecutor(undeclared, workers=1).can_apply_forecaster
@@ -225,21 +225,19 @@ def test_an_evaluate_that_declares_nothing_gets_no_check_even_with_a_forecast_ar
 
 def test_a_search_chooses_once_and_checks_and_returns_that_choice(fitted_prof, monkeypatch):
     chosen = []
-    real = loop_module.choose
+    real = end_game_module.choose
 
     def counted(state, *a, **kw):
         chosen.append(real(state, *a, **kw))
         return chosen[-1]
-    monkeypatch.setattr(loop_module, "choose", counted)
+    monkeypatch.setattr(end_game_module, "choose", counted)
     ev = Declared(factor=2.0)  # l2p is worse: the policy keeps the searched forecaster
     lp = SearchLoop(fitted_prof, SearchConfig(**FITTED), InProcessExecutor(ev))
     res = lp.run()
     assert len(chosen) == 1
     assert res.policy.mask == [int(c) for c in chosen[0].entry["mask"]] and res.policy.forecast == "fitted"
     assert res.policy.provenance["chosen"] == chosen[0].how
-    # the check: every candidate the choice could return, under l2p (measured then, or as an l2p start mask)
-    keys = forecaster_check.could_return(lp.state, ranking(lp.state))
-    assert keys[0] == chosen[0].entry["mask"] and 1 <= len(keys) <= forecaster_check.CHECK_MOST
-    assert all(k + "@l2p" in lp.state.masks for k in keys)
+    # the check: the chosen candidate under l2p (measured then, or as an l2p start mask)
+    assert chosen[0].entry["mask"] + "@l2p" in lp.state.masks
     l2p_calls = [c for c in ev.calls if c[1] == "l2p"]
     assert len(l2p_calls) == len(set(l2p_calls)) == sum(k.endswith("@l2p") for k in lp.state.masks)  # each once

@@ -94,3 +94,21 @@ def test_the_guard_names_a_config_and_a_state_file_may_hold():
     assert all(paired.guard(name).name == name for name in paired.SAVED_GUARDS)
     with pytest.raises(KeyError):
         paired.guard("choice")  # the final choice's rule, no polish guard
+
+
+def test_every_rule_cites_a_stored_result_that_exists():
+    """Each rule of a search (paired.py's docstring) names the file in bench/results/ its measurement is stored in;
+    the rules nothing measured are gone."""
+    import os
+    import re
+    from gcache.search import paired
+    doc = paired.__doc__
+    rules = re.split(r"\n    (?=\S)", doc.split("The rules of one search")[1].split("\nGone:")[0])[1:]
+    assert [r.split()[0:2] for r in rules] == [["polish", "guard"], ["final", "choice"], ["forecaster", "check"],
+                                                ["final", "choice"]]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(paired.__file__)))
+    for rule in rules:
+        cited = re.findall(r"bench/results/([\w.]+\.json)", rule)
+        assert cited, rule
+        assert all(os.path.exists(os.path.join(root, "bench", "results", f)) for f in cited), cited
+    assert not any(hasattr(paired, gone) for gone in ("CHAIN", "CHAIN_Z", "CHECK_NEAR", "CHECK_Z"))

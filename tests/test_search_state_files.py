@@ -1,6 +1,7 @@
 """State files written by the search before search/ was restructured (tests/data/, tests/search_fixture.py): they
-load, a finished one gives its policy again without sampling, a crashed one resumes to the same end, and a search
-run now writes the same file."""
+load, and are migrated once when read (format 3 to 4: the forecaster check's results among the measured candidates);
+a finished one gives its policy again without sampling or writing, a crashed one resumes to the same end (the
+migrated finished file), and a search run now measures the old start masks first."""
 import json
 import math
 import shutil
@@ -11,7 +12,7 @@ from gcache.core.policy import Policy
 from gcache.core.profile import Profile
 from gcache.search.config import SearchConfig
 from gcache.search.loop import run_search
-from gcache.search.state import load_state
+from gcache.search.state import load_state, migrated
 
 import search_fixture as fx
 
@@ -57,9 +58,17 @@ def search(profile, path, evaluator):
     return run_search(profile, SearchConfig(**fx.CONFIG), evaluator, state_path=str(path), provenance=fx.PROVENANCE)
 
 
+def check_evaluations() -> int:
+    """The forecaster check's evaluations of the finished old search: version 3 counted them apart from its
+    evaluations, version 4 among them (they are measured candidates)."""
+    return len(load_state(fx.DONE)["forecasters"]["results"])
+
+
 def same_policy(new: Policy, old: Policy) -> None:
+    """The same policy; its provenance counts the forecaster check's evaluations among the search's."""
     assert new.mask == old.mask and new.forecast == old.forecast and new.method == old.method
-    assert new.forecast_params == old.forecast_params and new.provenance == old.provenance
+    assert new.forecast_params == old.forecast_params
+    assert new.provenance == dict(old.provenance, evaluations=old.provenance["evaluations"] + check_evaluations())
     assert {k: new.metrics[k] for k in old.metrics} == old.metrics  # the io share and speed-up are new beside them
     assert new.metrics["predicted_speedup"] == pytest.approx(new.n_steps / new.n_computed)  # the profile has no io
 
@@ -68,6 +77,22 @@ def test_the_old_files_load(profile):
     done, crashed = load_state(fx.DONE), load_state(fx.CRASHED)
     assert done["done"] and done["forecasters"]["results"] and done["polish"]["guard"] == "z"
     assert not crashed["done"] and len(crashed["pending"]) == 1 and crashed["pending"][0]["kind"] == "polish"
+
+
+def test_a_version_3_file_is_migrated_once_when_read():
+    """Version 4 keeps the check's results among the measured candidates under their keys (mask@forecaster), as
+    a check measures them now; everything else stays as it was, and a file of version 4 is read as it is."""
+    old = load_state(fx.DONE)
+    new = migrated(old)
+    chosen, results = old["forecasters"]["mask"], old["forecasters"]["results"]
+    assert new["version"] == 4 and old["version"] == 3 and "fresh" not in new  # resumes without the fresh seeds
+    assert list(new["masks"]) == list(old["masks"]) + [f"{chosen}@{name}" for name in results]
+    for name, r in results.items():
+        assert new["masks"][f"{chosen}@{name}"] == {"loss": r["loss"], "seconds": 0.0,
+                                                     "first": len(old["history"]), "per_seed": r["per_seed"]}
+    assert {k: v for k, v in new.items() if k not in ("version", "masks")} == \
+        {k: v for k, v in old.items() if k not in ("version", "masks")}
+    assert migrated(new) is new and load_state(fx.DONE) == old  # the file itself is left as it is
 
 
 def test_a_finished_old_search_gives_its_policy_again_without_sampling(profile, old_policy, tmp_path):
@@ -89,8 +114,10 @@ def test_a_crashed_old_search_resumes_to_the_same_end(profile, old_policy, tmp_p
     assert ev.calls[0] == (crashed["pending"][0]["mask"], None)  # what was out is dispatched again first
     assert not {key for key, fc in ev.calls if fc is None} & set(crashed["masks"])  # none measured before again
     same_policy(res.policy, old_policy)
-    done = without_timings(load_state(fx.DONE))
+    done = without_timings(migrated(load_state(fx.DONE)))
     assert_same(without_timings(json.loads(path.read_text())), done)
+    again = fx.Evaluator()  # the migrated file, written as version 4, resumes as the search it was: nothing to do
+    assert search(profile, path, again).policy.to_dict() == res.policy.to_dict() and again.calls == []
 
 
 def test_a_search_run_now_measures_the_old_start_masks_and_every_other_fitted_forecasters(profile, tmp_path):

@@ -160,20 +160,19 @@ class Jobs:
 
 def _state_row(folder: str, f: str) -> Optional[dict]:
     """The tab's row of a state file no search of this process owns (None: not a readable state)."""
+    from ...search.state import SearchState
     path, name = os.path.join(folder, f), f[:-len(STATE_SUFFIX)]
-    try:
-        with open(path, encoding="utf-8") as fh:
-            state = json.load(fh)
-        hist, budget = state["history"], int(state["config"]["budget"])
-        losses = [h["loss"] for h in hist if isinstance(h, dict) and isinstance(h.get("loss"), (int, float))]
-    except (OSError, ValueError, KeyError, TypeError):
+    state = SearchState.peek(path)  # read and checked as a search would read it (None: none, or unreadable)
+    if state is None:
         return None
+    hist, budget = state.history, int(state.config["budget"])
+    losses = [h["loss"] for h in hist]
     row = {"id": name, "status": "paused", "evaluations": len(hist), "budget": budget,
            "best_loss": min(losses) if losses else None,
            "message": "not running in this ComfyUI: queue GCache Search again to resume", "state_file": f,
            "updated": round(os.path.getmtime(path), 3)}
-    if state.get("done"):
-        loss = _policy_loss(os.path.join(folder, name + POLICY_SUFFIX), state.get("fingerprint"))
+    if state.done:
+        loss = _policy_loss(os.path.join(folder, name + POLICY_SUFFIX), state.search_id)
         row.update(status="done", message=f"done: {name}{POLICY_SUFFIX} saved" if loss is not None else
                    f"done, but {name}{POLICY_SUFFIX} is missing or from another search: queue GCache Search again "
                    "to save it")

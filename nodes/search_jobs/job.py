@@ -24,7 +24,7 @@ from ...core.profile import Profile
 from ...core.verdicts import checks_of, failed, stamp
 from ...search.config import SearchConfig
 from ...search.infra.objectives import make_objective
-from ...search.fresh_choice import fresh_seeds
+from ...search.end_game import fresh_seeds
 from ...search.loop import SearchInterrupted, SearchResult, run_search
 from ...search.result import predicted_speedup_text, searched_policy
 from ...search.starts import start_count
@@ -259,7 +259,7 @@ class Evaluation:
     """evaluate(mask) of one GCache Search: its seeds sampled under the mask through a patched clone, each scored
     against its reference image (one loss per seed: paired comparisons). It applies any forecaster the profile can
     fit (the forecaster check: evaluate(mask, forecast=name)) and samples the fresh seeds (the final choice on fresh
-    seeds, search/fresh_choice.py: seed + n … seed + 2n − 1, their full-compute images sampled from the connected
+    seeds, search/end_game.py: seed + n … seed + 2n − 1, their full-compute images sampled from the connected
     model on first use); each candidate policy carries the profile's io share, so Apply's log predicts the speed-up
     the saved policy will."""
 
