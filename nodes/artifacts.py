@@ -160,10 +160,10 @@ def ranking_losses(new: Policy, old: Policy) -> tuple[float, float, str]:
     the same fresh seeds; otherwise by the search-seed loss, and the log says so."""
     a, b = fresh_evidence(new), fresh_evidence(old)
     if a and b and a[0] == b[0]:
-        return a[1], b[1], f"on the {len(a[0])} fresh seeds its final choice sampled"
+        return a[1], b[1], f"ranked on the {len(a[0])} fresh seeds its final choice sampled"
     why = "neither has a loss on fresh seeds" if not (a or b) else "only one has a loss on fresh seeds" \
         if not (a and b) else "they have different fresh seeds"
-    return new.metrics["loss"], old.metrics["loss"], f"on the search seeds ({why} to rank them by)"
+    return new.metrics["loss"], old.metrics["loss"], f"ranked on the search seeds ({why} to rank them by)"
 
 
 @dataclass(frozen=True)
@@ -197,10 +197,10 @@ def save_searched(path: str, policy: Policy) -> Kept:
                 new_loss, old_loss, evidence = ranking_losses(policy, old)
                 if old_loss <= new_loss:
                     return Kept(old, False, f"kept the policy an earlier search saved as {name}: on the same "
-                                            f"reference images, {evidence}, its loss {old_loss:.6g} is not higher "
+                                            f"seeds and reference images, {evidence}, its loss {old_loss:.6g} is not higher "
                                             f"than this search's {new_loss:.6g}")
-                note = f"it replaces the policy an earlier search saved there: on the same reference images, " \
-                       f"{evidence}, its loss {new_loss:.6g} is lower than that one's {old_loss:.6g}"
+                note = f"it replaces the policy an earlier search saved there: on the same seeds and reference " \
+                       f"images, {evidence}, its loss {new_loss:.6g} is lower than that one's {old_loss:.6g}"
             else:
                 aside = os.path.basename(set_aside(path, "replaced"))
                 note = f"the policy an earlier search saved there was measured on another {', '.join(other)}, so " \

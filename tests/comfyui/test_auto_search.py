@@ -147,11 +147,11 @@ def test_a_search_never_silently_replaces_a_better_searched_policy(flux, gcache_
     assert Policy.load(str(path)).metrics["loss"] == best.metrics["loss"]
     if best is a:
         assert f"GCache Search: kept the policy an earlier search saved as {path.name}: on the same seeds and " \
-            "reference images its loss" in text and "goes on applying that one" in text
+            "reference images, ranked on the search seeds" in text and "goes on applying that one" in text
         assert "this search's policy is b.json" in text
     else:
-        assert "it replaces the policy an earlier search saved there: on the same seeds and reference images its " \
-            "loss" in text and f"applies it ({path.name})" in text
+        assert "it replaces the policy an earlier search saved there: on the same seeds and reference images, ranked " \
+            "on the search seeds" in text and f"applies it ({path.name})" in text
     # another seed: the losses don't compare; the latest search takes the file, the earlier one is kept beside it
     c, text = search_k3("c", 12, seed=5)
     side = path.name.replace("_searched.json", "_searched.replaced-1.json")
