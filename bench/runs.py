@@ -99,6 +99,8 @@ RUNS = {r.name: r for r in (
     Run("l2p_keeps", "gcache.bench.l2p_keeps", (), ("bench/l2p_keeps.py", "bench/rivals.py") + QUALITY, minutes=2),
     Run("forecaster_check", "gcache.bench.forecaster_check", (), ("bench/forecaster_check.py",
                                                                  "bench/search_setup.py") + QUALITY, minutes=8),
+    Run("fresh_choice", "gcache.bench.fresh_choice", (), ("bench/fresh_choice.py", "bench/search_setup.py")
+        + QUALITY, minutes=30),
     Run("polish_guard_48", "gcache.bench.polish_guard", (), ("bench/polish_guard.py", "bench/search_setup.py")
         + QUALITY, minutes=10),
     Run("polish_guard_64", "gcache.bench.polish_guard", ("--budget", "64"), ("bench/polish_guard.py",
