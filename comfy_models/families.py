@@ -212,6 +212,7 @@ def _plain(v):
 
 def check_weights(patcher, sd: dict, path: str) -> None:
     """Every weight of the file landed in the model unchanged (load_state_dict(strict=False) only logs)."""
+    sd = patcher.model.model_config.process_unet_state_dict(dict(sd))  # the file's names as this ComfyUI names them
     own = patcher.model.diffusion_model.state_dict()
     missing = sorted(set(own) ^ set(sd))
     if missing:
@@ -221,9 +222,18 @@ def check_weights(patcher, sd: dict, path: str) -> None:
             raise RuntimeError(f"{path}: weight {k} differs after loading")
 
 
+def file_key(family: Family, key: str) -> str:
+    """A weight's name in the file: Flux's QK-norm scales as Black Forest Labs' files name them (`…_norm.scale`),
+    which every ComfyUI reads (0.33 renames them `…_norm.weight` on loading; 0.3.64 names them so itself)."""
+    if family.name == "flux" and key.endswith("_norm.weight"):
+        return key[:-len("weight")] + "scale"
+    return key
+
+
 def save(patcher, family: Family, path: str, training: dict) -> None:
     import comfy.utils
-    sd = {k: v.detach().contiguous().cpu() for k, v in patcher.model.diffusion_model.state_dict().items()}
+    sd = {file_key(family, k): v.detach().contiguous().cpu()
+          for k, v in patcher.model.diffusion_model.state_dict().items()}
     comfy.utils.save_torch_file(sd, path, metadata={META_CONFIG: json.dumps(family.unet_config),
                                                     META_TRAINING: json.dumps(training)})
 
