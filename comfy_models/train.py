@@ -1,12 +1,12 @@
 """Train one tiny ComfyUI model (Flux or Wan 2.1 class) on procedural data, on the CPU, and save it as safetensors.
 
-Rectified flow as ComfyUI samples the family: u ~ logit-normal (as SD3), sigma = model_sampling.sigma(u) (Flux:
+Rectified flow as ComfyUI samples the family: u ~ logit-normal (as SD3) or uniform (--u), sigma = model_sampling.sigma(u) (Flux:
 ModelSamplingFlux's shift; Wan: ModelSamplingDiscreteFlow's shift 8), x_t = (1 - sigma) x0 + sigma n, target n - x0;
 10 % of the prompts dropped to the empty prompt (for classifier-free guidance); AdamW, warm-up then cosine over the
 time budget, EMA of the weights (the EMA is saved). Data, prompts and latents: comfy_models/data.py.
 
     COMFYUI_PATH=/path/to/ComfyUI python -m gcache.comfy_models.train --family flux --minutes 10
-    COMFYUI_PATH=/path/to/ComfyUI python -m gcache.comfy_models.train --family wan --minutes 10
+    COMFYUI_PATH=/path/to/ComfyUI python -m gcache.comfy_models.train --family wan --minutes 10 --u uniform
 """
 from __future__ import annotations
 
@@ -33,6 +33,10 @@ def main(argv=None):
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--u", choices=("logit-normal", "uniform"), default="logit-normal",
+                    help="where on the schedule to train, before the family's shift: logit-normal (SD3's: the middle) "
+                         "or uniform (as a sampler's simple schedule spends its steps; a large shift such as Wan's 8 "
+                         "leaves the low noise levels almost untrained under logit-normal)")
     ap.add_argument("--out", default=None, help="default: comfy_models/<family>_tiny.safetensors")
     a = ap.parse_args(argv)
     use_comfyui()
@@ -66,7 +70,7 @@ def main(argv=None):
         pixels, labels = family.make(batch, a.seed * 10 ** 6 + step)  # fresh data each step; held-out seeds >= 1e9
         labels = torch.where(torch.rand(batch, generator=g) < 0.1, torch.full_like(labels, -1), labels)
         x0 = data.encode(pixels)
-        u = torch.sigmoid(torch.randn(batch, generator=g))
+        u = torch.sigmoid(torch.randn(batch, generator=g)) if a.u == "logit-normal" else torch.rand(batch, generator=g)
         noise = torch.randn(x0.shape, generator=g)
         with torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t):
             loss = velocity_loss(patcher, family, x0, labels, u, noise).mean()
@@ -98,7 +102,7 @@ def main(argv=None):
         "latent": "gain * Q . (2x2 RGB patch), Q 16x12 orthonormal columns (comfy_models/data.py)",
         "prompts": f"{len(family.classes)} class contexts + 1 empty, {family.tokens} x {family.context_width} "
                    f"from seeds {data.PROMPT_SEED}+k",
-        "seed": a.seed, "steps": step, "batch": batch, "lr": a.lr, "seconds": round(secs, 1), "threads": a.threads,
+        "seed": a.seed, "u": a.u, "steps": step, "batch": batch, "lr": a.lr, "seconds": round(secs, 1), "threads": a.threads,
         "final_train_loss": round(final, 4), "heldout_loss": round(held, 4), "heldout_loss_at_init": round(random_loss, 4),
         "comfyui": comfyui_version(), "torch": torch.__version__})
     print(f"saved {out}: {step} steps in {secs:.0f}s, final train loss {final:.4f}, held-out {held:.4f} "
