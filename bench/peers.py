@@ -50,6 +50,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--thresholds", nargs="+", type=float, default=list(THRESHOLDS))
     ap.add_argument("--easycache-as-is", type=float, default=0.2, metavar="THRESHOLD",
                     help="one more EasyCache row without the input copy (see input_copied)")
+    ap.add_argument("--search-budget", type=int, default=0, metavar="N",
+                    help="also GCache Search's policy (the real node, this budget) at each auto row's K, with auto's "
+                         "profile and forecaster, searched on seeds outside the held-out pairs (0: no search rows)")
     ap.add_argument("--models", default=None, help="folder of <family>_tiny.safetensors (default: comfy_models/)")
     a = ap.parse_args(argv)
     require_comfyui(ap)
@@ -60,7 +63,7 @@ def main(argv=None) -> dict:
     import comfy.utils
     comfy.utils.PROGRESS_BAR_ENABLED = False
     out = {"steps": a.steps, "held_out_pairs": a.seeds, "comfyui": families.comfyui_version(), "families": {}}
-    n_rows = 2 + len(a.targets) + 2 * len(a.thresholds)
+    n_rows = 2 + len(a.targets) * (2 if a.search_budget else 1) + 2 * len(a.thresholds)
     progress = Progress(len(a.families) * n_rows, "peers: rows", expected_s=6.0 * a.seeds * n_rows)
     for name in a.families:
         out["families"][name] = family_rows(a, families.FAMILIES[name], progress)
@@ -157,8 +160,11 @@ def family_rows(a, family, progress) -> dict:
             run(GCacheApply.execute(m, "(auto)", "model device", "remap", a.targets[0]).result[0], PROFILE_SEED, 0)
             for target in a.targets:
                 rows.append(row(lambda: GCacheApply.execute(m, "(auto)", "model device", "remap", target).result[0],
-                                f"GCache auto {target:g}x", kind="gcache", target=target,
-                                policies=sorted(f for f in os.listdir(gdir) if f.endswith(f"_{target:g}x.json"))))
+                                f"GCache auto {target:g}x", kind="gcache", target=target))
+                # the policy auto saved for this target (made by the row's first run: listed after it)
+                rows[-1]["policies"] = sorted(f for f in os.listdir(gdir) if f.endswith(f"_{target:g}x.json"))
+            if a.search_budget:
+                rows += search_rows(a, family, m, gdir, rows, row)
         finally:
             if old is None:
                 folder_paths.folder_names_and_paths.pop("gcache", None)
@@ -179,7 +185,58 @@ def family_rows(a, family, progress) -> dict:
         r["speedup_wall"] = round(base_secs / statistics.mean(r["seconds"]), 3)
         r["psnr_mean"], r["ssim_mean"] = round(statistics.mean(r["psnr"]), 3), round(statistics.mean(r["ssim"]), 4)
     return {"settings": {**s, "steps": a.steps, "loaded_by": loaded.path, "training": loaded.training},
-            "pairs": pairs, "plain": plain, "rows": rows, "headline": headline(rows)}
+            "pairs": pairs, "plain": plain, "rows": rows, "headline": headline(rows),
+            "search_vs_auto": search_vs_auto(rows)}
+
+
+SEARCH_SEEDS = (200, 2)  # GCache Search's seeds (first, count), prompt 0: outside the held-out pairs
+
+
+class PixelVAE:
+    """comfy_models' exact inverse projection as a VAE for GCache Search: LATENT -> (B[*T], H, W, 3) in [0, 1]."""
+
+    def __init__(self, patcher):
+        self.model = patcher.model
+
+    def decode(self, samples):
+        from ..comfy_models import data
+        px = data.decode(self.model.process_latent_in(samples)).clamp(-1, 1) * 0.5 + 0.5
+        if px.dim() == 5:  # video: frames into the batch
+            px = px.movedim(2, 1).flatten(0, 1)
+        return px.movedim(1, -1)
+
+
+def search_rows(a, family, m, gdir, rows, row) -> list:
+    """GCache Search (the node) at each auto row's K, with auto's saved profile and its policy's forecaster, then
+    applied through GCache Apply with the policy connected. Its files go to a folder of their own, so that auto's
+    rows above never saw them."""
+    import torch
+    from ..core import forecasters
+    from ..core.policy import Policy
+    from ..core.profile import Profile
+    from ..nodes.apply_node import GCacheApply
+    from ..nodes.search_node import GCacheSearch
+    from ..comfy_models.families import comfy_cond
+    import folder_paths
+    s = SETTINGS[family.name]
+    profile = Profile.load(next(os.path.join(gdir, f) for f in os.listdir(gdir) if f.endswith(".profile.safetensors")))
+    out = []
+    with tempfile.TemporaryDirectory(prefix="gcache-peers-search-") as sdir:
+        folder_paths.folder_names_and_paths["gcache"] = ([sdir], {".json", ".safetensors"})
+        for g in [r for r in rows if r["kind"] == "gcache"]:
+            k = g["passes"][0]
+            auto_policy = Policy.load(os.path.join(gdir, g["policies"][0]))
+            label = forecasters.get(auto_policy.forecast).label
+            policy = GCacheSearch.execute(m, comfy_cond(family, 0), comfy_cond(family, -1),
+                                          {"samples": torch.zeros(1, *family.latent_shape)}, PixelVAE(m),
+                                          SEARCH_SEEDS[0], SEARCH_SEEDS[1], a.steps, s["cfg"], s["sampler"],
+                                          s["scheduler"], k, a.search_budget, 2, "psnr", f"peers_{family.name}_K{k}",
+                                          profile=profile, forecast=label).result[0]
+            out.append(row(lambda: GCacheApply.execute(m, "(auto)", "model device", "remap", policy=policy).result[0],
+                           f"GCache Search K={k}", kind="gcache search", k=k, forecast=auto_policy.forecast,
+                           budget=a.search_budget, mask=list(policy.mask)))
+        folder_paths.folder_names_and_paths["gcache"] = ([gdir], {".json", ".safetensors"})
+    return out
 
 
 def interpolate(curve, x):
@@ -206,9 +263,20 @@ def bootstrap(diffs, n=BOOTSTRAP, seed=0):
     return [round(means[int(0.025 * n)], 3), round(means[int(0.975 * n) - 1], 3)]
 
 
+def search_vs_auto(rows) -> list:
+    """GCache Search's PSNR minus auto's at the same K, per K (bootstrap over the pairs)."""
+    out = []
+    for srow in (r for r in rows if r["kind"] == "gcache search"):
+        auto = next(r for r in rows if r["kind"] == "gcache" and r["passes"][0] == srow["k"])
+        diffs = [a - b for a, b in zip(srow["psnr"], auto["psnr"])]
+        out.append({"k": srow["k"], "search": srow["row"], "auto": auto["row"],
+                    "psnr_diff": round(statistics.mean(diffs), 3), "interval": bootstrap(diffs)})
+    return out
+
+
 def headline(rows) -> list:
     out = []
-    for g in (r for r in rows if r["kind"] == "gcache"):
+    for g in (r for r in rows if r["kind"] in ("gcache", "gcache search")):
         for peer in ("EasyCache", "LazyCache"):
             curve = [(r["speedup_passes"], r["psnr"]) for r in rows if r["kind"] == peer]
             at = interpolate(curve, g["speedup_passes"])

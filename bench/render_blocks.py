@@ -675,6 +675,17 @@ def peers_headline(results) -> str:
                  rows)
 
 
+@block("peers.search")
+def peers_search(results) -> str:
+    rows = []
+    for fam, r in results("peers")["families"].items():
+        for x in r.get("search_vs_auto", []):
+            lo, hi = x["interval"]
+            rows.append((PEER_FAMILIES.get(fam, fam), x["k"], x["auto"],
+                         f"{num(x['psnr_diff'], '+.2f')} dB ({num(lo, '+.2f')} to {num(hi, '+.2f')})"))
+    return table(["model", "K (of 20)", "auto row", "Search − auto PSNR (95 % bootstrap)"], rows)
+
+
 @block("peers.reach")
 def peers_reach(results) -> str:
     """The peers' fastest rows against GCache's first row beyond them (figures from the stored rows)."""

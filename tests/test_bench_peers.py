@@ -33,3 +33,13 @@ def test_headline_is_gcache_minus_the_interpolated_peer_and_none_out_of_range():
     assert easy["interval"] == [6.0, 6.0]
     assert easy["ssim_diff"] == 0.15  # 0.9 - 0.8 and 0.9 - 0.7
     assert lazy["psnr_diff"] is None and "1.50-1.50x only" in lazy["why"]
+
+
+def test_search_minus_auto_pairs_the_rows_of_the_same_k():
+    from gcache.bench.peers import search_vs_auto
+    rows = [{"row": "GCache auto 3x", "kind": "gcache", "passes": [2, 2], "psnr": [10.0, 10.0]},
+            {"row": "GCache auto 2x", "kind": "gcache", "passes": [4, 4], "psnr": [20.0, 22.0]},
+            {"row": "GCache Search K=4", "kind": "gcache search", "k": 4, "passes": [4, 4], "psnr": [21.0, 25.0]}]
+    (x,) = search_vs_auto(rows)
+    assert x["auto"] == "GCache auto 2x" and x["psnr_diff"] == 2.0  # (1 + 3) / 2
+    assert 1.0 <= x["interval"][0] <= 2.0 <= x["interval"][1] <= 3.0

@@ -23,20 +23,26 @@ STEPS = 8
 @pytest.fixture(scope="module")
 def result():
     return peers.main(["--seeds", "1", "--steps", str(STEPS), "--families", "flux", "--targets", "2", "3",
-                       "--thresholds", "0.1", "0.5", "--easycache-as-is", "0.1"])["families"]["flux"]
+                       "--thresholds", "0.1", "0.5", "--easycache-as-is", "0.1", "--search-budget", "14"])["families"]["flux"]
 
 
 def test_every_row_is_there_with_per_pair_values(result):
     assert [list(p) for p in result["pairs"]] == [[0, 0]] and result["plain"]["passes"] == [STEPS]
     kinds = [(r["kind"], r.get("target", r.get("threshold"))) for r in result["rows"]]
-    assert kinds == [("gcache", 2.0), ("gcache", 3.0), ("EasyCache", 0.1), ("EasyCache", 0.5), ("LazyCache", 0.1),
+    assert kinds == [("gcache", 2.0), ("gcache", 3.0), ("gcache search", None), ("gcache search", None),
+                     ("EasyCache", 0.1), ("EasyCache", 0.5), ("LazyCache", 0.1),
                      ("LazyCache", 0.5), ("EasyCache as is", 0.1)]
     for r in result["rows"]:
         assert len(r["psnr"]) == len(r["ssim"]) == len(r["passes"]) == len(r["seconds"]) == 1
         assert r["speedup_passes"] == round(STEPS / r["passes"][0], 3)
     gc = [r for r in result["rows"] if r["kind"] == "gcache"]
     assert all(1 <= r["passes"][0] < STEPS for r in gc)  # auto applied a policy after its run-1 profile
-    assert len(result["headline"]) == 2 * len(gc)
+    assert all(len(r["policies"]) == 1 for r in gc)  # the policy auto saved for that target
+    searched = [r for r in result["rows"] if r["kind"] == "gcache search"]
+    assert [r["passes"][0] for r in searched] == [r["passes"][0] for r in gc] == [r["k"] for r in searched]
+    assert all(sum(r["mask"]) == r["k"] for r in searched)  # the searched mask computes K steps
+    assert [x["k"] for x in result["search_vs_auto"]] == [r["k"] for r in searched]
+    assert len(result["headline"]) == 2 * (len(gc) + len(searched))
 
 
 def test_a_rows_psnr_recomputed_by_hand(result):
