@@ -122,6 +122,8 @@ SCRIPTS = [  # script, what it measures, its run in bench/runs.py (or its durati
     ("bench/cluster.py", "the search on 2 Ray workers against the sequential search: speed and quality", "cluster_64",
      "Ray"),
     ("bench/route_quality.py", "block-stack caching against the whole-model fallback", "route_quality", "ComfyUI"),
+    ("bench/peers.py", "GCache Apply (auto) beside ComfyUI's EasyCache and LazyCache on the trained tiny Flux and Wan",
+     "peers", "ComfyUI"),
     ("bench/composition.py", "GCache beside Skip Layer Guidance, PerpNeg/DualCFG, CFGZeroStar/APG and other nodes' "
      "patches, against those nodes alone", "composition", "ComfyUI"),
     ("bench/speedup_prediction.py", "predicted against measured speed-up, over reruns", "speedup_prediction",
@@ -636,6 +638,69 @@ def route_quality_table(results) -> str:
                      f"{num(r['whole model on the block mask'], '.2f')} dB"))
     return table(["family", "block stack", "whole model", "difference (paired s.e.)",
                   "whole model on the block stack's mask"], rows)
+
+
+# ------------------------------------------------------------------------------------------------ peers
+PEER_FAMILIES = {"flux": "Flux-class", "wan": "Wan 2.1-class"}
+
+
+@block("peers.table")
+def peers_table(results) -> str:
+    rows = []
+    for fam, r in results("peers")["families"].items():
+        for row in r["rows"]:
+            rows.append((PEER_FAMILIES.get(fam, fam), row["row"], f"{num(row['speedup_passes'], '.2f')}×",
+                         f"{num(row['speedup_wall'], '.2f')}×", f"{num(row['psnr_mean'], '.2f')} dB",
+                         num(row["ssim_mean"], ".3f")))
+    return table(["model", "row", "speed-up (block-stack passes)", "speed-up (wall clock)", "PSNR vs plain",
+                  "SSIM vs plain"], rows)
+
+
+@block("peers.headline")
+def peers_headline(results) -> str:
+    rows = []
+    for fam, r in results("peers")["families"].items():
+        for h in r["headline"]:
+            if h["psnr_diff"] is None:
+                diff = f"none: {h['why']}"
+            else:
+                lo, hi = h["interval"]
+                diff = f"{num(h['psnr_diff'], '+.2f')} dB ({num(lo, '+.2f')} to {num(hi, '+.2f')})"
+            rows.append((PEER_FAMILIES.get(fam, fam), h["gcache"], f"{num(h['speedup_passes'], '.2f')}×", h["peer"],
+                         diff))
+    return table(["model", "GCache row", "its speed-up (passes)", "peer", "GCache − peer PSNR (95 % bootstrap)"],
+                 rows)
+
+
+@block("peers.search")
+def peers_search(results) -> str:
+    rows = []
+    for fam, r in results("peers")["families"].items():
+        for x in r.get("search_vs_auto", []):
+            lo, hi = x["interval"]
+            rows.append((PEER_FAMILIES.get(fam, fam), x["k"], x["auto"],
+                         f"{num(x['psnr_diff'], '+.2f')} dB ({num(lo, '+.2f')} to {num(hi, '+.2f')})"))
+    return table(["model", "K (of 20)", "auto row", "Search − auto PSNR (95 % bootstrap)"], rows)
+
+
+@block("peers.reach")
+def peers_reach(results) -> str:
+    """The peers' fastest rows against GCache's first row beyond them (figures from the stored rows)."""
+    parts = []
+    for fam, r in results("peers")["families"].items():
+        rows = r["rows"]
+        best = {p: max((x for x in rows if x["kind"] == p), key=lambda x: x["speedup_passes"])
+                for p in ("EasyCache", "LazyCache")}
+        top = max(b["speedup_passes"] for b in best.values())
+        beyond = [x for x in rows if x["kind"] == "gcache" and x["speedup_passes"] > top]
+        if not beyond:
+            continue
+        g = min(beyond, key=lambda x: x["speedup_passes"])
+        parts.append(f"{PEER_FAMILIES.get(fam, fam)}: {g['row']} at {num(g['speedup_passes'], '.2f')}× gives "
+                     f"{num(g['psnr_mean'], '.2f')} dB, "
+                     + ", ".join(f"{p}'s fastest row ({b['row']}) {num(b['speedup_passes'], '.2f')}× and "
+                                    f"{num(b['psnr_mean'], '.2f')} dB" for p, b in best.items()))
+    return "; ".join(parts) + "."
 
 
 # ------------------------------------------------------------------------------------------------ speed-up prediction

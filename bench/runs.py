@@ -120,6 +120,11 @@ RUNS = {r.name: r for r in (
     Run("speedup_prediction", "gcache.bench.speedup_prediction", (), ("bench/speedup_prediction.py", "core", "search",
                                                                      "nodes", "tests/comfyui/tiny_models.py")
         + REFERENCE, minutes=25, kind="timing", needs="comfyui", env=COMFYUI_ENV, python=COMFYUI_PYTHON),
+    # auto's K rests on its measured io share, and wall clock is beside every row: a timing run
+    Run("peers", "gcache.bench.peers", ("--search-budget", "64"),
+        ("bench/peers.py", "comfy_models", "comfy_models/flux_tiny.safetensors", "comfy_models/wan_tiny.safetensors",
+         "core", "search", "nodes"),
+        minutes=20, kind="timing", needs="comfyui", env=COMFYUI_ENV, python=COMFYUI_PYTHON),
 )}
 
 NEEDS = {"comfyui": "the ComfyUI tree and venv its command names, as docs/development.md sets them up beside the "
