@@ -50,11 +50,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--thresholds", nargs="+", type=float, default=list(THRESHOLDS))
     ap.add_argument("--easycache-as-is", type=float, default=0.2, metavar="THRESHOLD",
                     help="one more EasyCache row without the input copy (see input_copied)")
-    ap.add_argument("--search-budget", type=int, default=0, metavar="N",
+    ap.add_argument("--search-budget", type=whole(0), default=0, metavar="N",
                     help="also GCache Search's policy (the real node, this budget) at each auto row's K, with auto's "
                          "profile and forecaster, searched on seeds outside the held-out pairs (0: no search rows)")
     ap.add_argument("--models", default=None, help="folder of <family>_tiny.safetensors (default: comfy_models/)")
     a = ap.parse_args(argv)
+    if any(t <= 1 for t in a.targets):
+        ap.error(f"--targets {' '.join(f'{t:g}' for t in a.targets)}: a target speed-up is above 1")
+    if any(t <= 0 for t in a.thresholds):
+        ap.error(f"--thresholds {' '.join(f'{t:g}' for t in a.thresholds)}: a cache threshold is above 0")
     require_comfyui(ap)
     import torch
     from ..comfy_models import families

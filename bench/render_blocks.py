@@ -60,9 +60,28 @@ def readme_demo_caption(results) -> str:
             f"{num(m['psnr'], '.2f')} dB against full compute; {num(m['measured_speedup'], '.2f')}× faster (median of "
             f"{pairs.group(1) if pairs else 'the'} alternating full/GCache run pairs, {num(lo, '.2f')}–{num(hi, '.2f')}×) "
             f"where {num(m['predicted_speedup'], '.2f')}× was predicted ({num(plo, '.2f')}–{num(phi, '.2f')}×), on "
-            f"{machine(rec)}, {str(rec['date'])[:10]}. This is what `{rec['command']}` prints and draws "
-            "([below](#try-it-without-comfyui)). Quality on full-size Flux or Wan weights has not been measured; their "
-            "speed at real sizes on a GPU is in [benchmarks](docs/benchmarks.md#speed-and-memory).*\n")
+            f"{machine(rec)}, {str(rec['date'])[:10]}: what the demo above prints and draws.*\n")
+
+
+@block("readme.peers_caption")
+def readme_peers_caption(results) -> str:
+    """README's first figure (bench/peers_plot.py draws it from the same result): what it shows and the headline."""
+    res = results("peers")
+    fam = res["families"]["flux"]
+    st = fam["settings"]
+    n_easy = sum(r["kind"] == "EasyCache" for r in fam["rows"])
+    n_lazy = sum(r["kind"] == "LazyCache" for r in fam["rows"])
+    matched = {}
+    for h in fam["headline"]:
+        if h["gcache"].startswith("GCache auto") and h["psnr_diff"] is not None:
+            matched.setdefault(h["speedup_passes"], {})[h["peer"]] = h["psnr_diff"]
+    gains = "; ".join(f"{num(x, '.2f')}×: {num(v.get('EasyCache'), '+.1f')} dB over EasyCache, "
+                      f"{num(v.get('LazyCache'), '+.1f')} dB over LazyCache" for x, v in sorted(matched.items()))
+    return (f"\n*GCache beside ComfyUI's own EasyCache ({n_easy} thresholds) and LazyCache ({n_lazy}), in ComfyUI "
+            f"{res['comfyui']} on a tiny Flux-class model trained here on a CPU: PSNR against every step computed, "
+            f"mean of {res['held_out_pairs']} held-out seed × prompt pairs ({st['sampler']}/{st['scheduler']}, CFG "
+            f"{num(st['cfg'], 'g')}, {st['steps']} steps). GCache Apply (auto) at the same speed-up: {gains} "
+            "([intervals](docs/trained-models.md)). A tiny model, not full-size Flux.*\n")
 
 
 @block("readme.io_example")
@@ -71,7 +90,7 @@ def readme_io_example(results) -> str:
     mask = results("demo")["policy"]["mask"]
     n, k = len(mask), sum(mask)
     r = m["io_share"]
-    return (f"In the demo above N = {n}, K = {k} and the io share measured while profiling, {num(r, '.3f')}, give "
+    return (f"In the headless demo ([below](#try-it-without-comfyui)) N = {n}, K = {k} and the io share measured while profiling, {num(r, '.3f')}, give "
             f"{n} / ({k} + {n - k} × {num(r, '.3f')}) = {num(n / (k + (n - k) * r), '.2f')}× rather than {n} / {k} = "
             f"{num(n / k, '.2f')}×; a real model at a real size has a smaller io share (Flux-dev at 1024² on a GPU: "
             f"{gpu_io_share(results, 'flux')}, [benchmarks](docs/benchmarks.md#speed-and-memory)).")

@@ -173,14 +173,41 @@ def render_text(text: str, results: Results, where: str = "") -> str:
     return out
 
 
+# ------------------------------------------------------------------------------------------------ pictures
+def _peers_flux(results):
+    from .peers_plot import draw
+    return draw(results("peers"), "flux")
+
+
+IMAGES = {"docs/peers_flux.png": _peers_flux}  # pictures drawn from stored results, written with the docs
+
+
+def render_images(results: Results, write: bool) -> list[str]:
+    """Draw each picture from its stored result; returns the files whose pixels differed (rewritten when write)."""
+    from PIL import Image, ImageChops
+    changed = []
+    for rel, draw in IMAGES.items():
+        path = os.path.join(store.REPO, rel)
+        img = draw(results)
+        if os.path.exists(path):
+            with Image.open(path) as old:
+                if old.size == img.size and ImageChops.difference(old.convert("RGB"), img).getbbox() is None:
+                    continue
+        changed.append(path)
+        if write:
+            img.save(path, optimize=True)
+    return changed
+
+
 # ------------------------------------------------------------------------------------------------ the command
 def render_all(write: bool) -> list[str]:
-    """Render every doc; returns the docs that differed (and, when write, were rewritten)."""
+    """Render every doc and picture; returns those that differed (and, when write, were rewritten)."""
     results, changed, rendered = Results(), [], []
     for path in doc_files():  # every doc rendered before any is written: a failing block writes nothing
         with open(path, encoding="utf-8") as f:
             text = f.read()
         rendered.append((path, text, render_text(text, results, os.path.relpath(path, store.REPO))))
+    changed += render_images(results, write)
     for path, text, new in rendered:
         if new != text:
             changed.append(path)

@@ -166,3 +166,19 @@ def test_runs_compare_their_deterministic_part():
     assert runs.differences(a, {"rows": [{"psnr": 40.01, "mask": "1010"}]}) == []  # the last digit of a rounding
     assert runs.differences(a, {"rows": [{"psnr": 40.1, "mask": "1010"}]}) == [".rows[0].psnr: stored 40.0, now 40.1"]
     assert runs.differences(a, {"rows": [{"psnr": 40.0, "mask": "1100"}]})
+
+
+def test_a_picture_is_its_stored_results_drawing(tmp_path, monkeypatch):
+    """README's first figure is drawn from peers.json (bench/peers_plot.py): the committed file has the drawing's
+    pixels, and one pixel changed is found."""
+    from PIL import Image
+    results = render_docs.Results()
+    assert render_docs.render_images(results, write=False) == []
+    monkeypatch.setattr(store, "REPO", str(tmp_path))
+    (tmp_path / "docs").mkdir()
+    img = render_docs.IMAGES["docs/peers_flux.png"](results)
+    img.putpixel((5, 5), (1, 2, 3))
+    img.save(tmp_path / "docs" / "peers_flux.png")
+    assert render_docs.render_images(results, write=False) == [str(tmp_path / "docs" / "peers_flux.png")]
+    assert render_docs.render_images(results, write=True) and render_docs.render_images(results, write=False) == []
+    assert Image.open(tmp_path / "docs" / "peers_flux.png").getpixel((5, 5)) == (255, 255, 255)

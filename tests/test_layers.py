@@ -6,7 +6,7 @@ import ast
 
 from test_search_layers import cycle, graph, imports, modules
 
-FOLDERS = ("nodes", "core", "search", "bench", "reference_model")
+FOLDERS = ("nodes", "core", "search", "bench", "reference_model", "comfy_models")
 
 
 def root_imports(folders=FOLDERS) -> list[str]:
