@@ -143,6 +143,8 @@ SCRIPTS = [  # script, what it measures, its run in bench/runs.py (or its durati
     ("bench/route_quality.py", "block-stack caching against the whole-model fallback", "route_quality", "ComfyUI"),
     ("bench/peers.py", "GCache Apply (auto) beside ComfyUI's EasyCache and LazyCache on the trained tiny Flux and Wan",
      "peers", "ComfyUI"),
+    ("bench/trained_figures.py", "composition, the self-check's margin, auto's predicted speed-up and the few-steps "
+     "case on the trained tiny Flux and Wan", "trained_figures", "ComfyUI"),
     ("bench/composition.py", "GCache beside Skip Layer Guidance, PerpNeg/DualCFG, CFGZeroStar/APG and other nodes' "
      "patches, against those nodes alone", "composition", "ComfyUI"),
     ("bench/speedup_prediction.py", "predicted against measured speed-up, over reruns", "speedup_prediction",
@@ -720,6 +722,40 @@ def peers_reach(results) -> str:
                      + ", ".join(f"{p}'s fastest row ({b['row']}) {num(b['speedup_passes'], '.2f')}× and "
                                     f"{num(b['psnr_mean'], '.2f')} dB" for p, b in best.items()))
     return "; ".join(parts) + "."
+
+
+# ------------------------------------------------------------------------------------------------ trained figures
+def mean(values) -> float:
+    return sum(values) / len(values)
+
+
+@block("trained_figures.table")
+def trained_figures_table(results) -> str:
+    """Issue 42 item 3 on the trained models: one row per figure and model (figures from the stored result; means
+    over its pairs computed here)."""
+    res = results("trained_figures")
+    rows = []
+    for fam, r in res["families"].items():
+        name = PEER_FAMILIES.get(fam, fam)
+        sc, sp, comp = r["selfcheck"], r["speedup"], r["composition"]
+        rows.append((name, "self-check at run 1: replay error / tolerance",
+                     f"{num(sc['error'], '.3g')} / {num(sc['tolerance'], '.3g')} ({sc['dtype']}): {sc['result']}, "
+                     f"the error {num(sc['margin'], '.1f')} × under the tolerance"))
+        rows.append((name, f"auto {num(res['target'], 'g')}×: predicted against measured speed-up",
+                     f"K = {sp['k']} of {sp['n']}: predicted {num(sp['predicted'], '.2f')}×, measured "
+                     f"{num(sp['measured_wall'], '.2f')}× (whole runs' wall clock, median) and "
+                     f"{num(sp['measured_logged'], '.2f')}× (GCache's log line, median)"))
+        for x in comp["rows"]:
+            rows.append((name, f"GCache + {x['x']} against plain + {x['x']}",
+                         f"{num(x['ratio'], '.2f')} × GCache's own distance ({num(mean(x['gcache_x_vs_plain_x']), '.4f')}"
+                         f" against {num(mean(comp['gcache_vs_plain']), '.4f')}, relative L2 of the latents); "
+                         f"PSNR {num(mean(x['psnr']), '.2f')} dB"))
+        for f in r["few_steps"]:
+            ks = sorted(set(f["k"]))
+            rows.append((name, f"{f['n']} steps: auto {num(res['target'], 'g')}× against {joined(ks)} plain steps",
+                         f"{num(mean(f['auto_psnr']), '.2f')} against {num(mean(f['fewer_steps_psnr']), '.2f')} dB "
+                         f"vs plain {f['n']} steps ({num(f['auto_minus_fewer'], '+.2f')} dB)"))
+    return table(["model", "figure", f"measured ({res['held_out_pairs']} held-out pairs, {res['steps']} steps)"], rows)
 
 
 # ------------------------------------------------------------------------------------------------ speed-up prediction
