@@ -129,7 +129,7 @@ RUNS = {r.name: r for r in (
     Run("trained_figures", "gcache.bench.trained_figures", (),
         ("bench/trained_figures.py", "bench/peers.py", "comfy_models", "comfy_models/flux_tiny.safetensors",
          "comfy_models/wan_tiny.safetensors", "core", "search", "nodes"),
-        minutes=4, kind="timing", needs="comfyui", env=COMFYUI_ENV, python=COMFYUI_PYTHON),
+        minutes=2, kind="timing", needs="comfyui", env=COMFYUI_ENV, python=COMFYUI_PYTHON),
 )}
 
 NEEDS = {"comfyui": "the ComfyUI tree and venv its command names, as docs/development.md sets them up beside the "
