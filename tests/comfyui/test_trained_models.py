@@ -7,10 +7,16 @@ training started from, seed 0). A few seconds on one core.
 from __future__ import annotations
 
 import pytest
-import torch
 
-from gcache.comfy_models import data
-from gcache.comfy_models.families import (FAMILIES, build, comfyui_version, conds, heldout_loss, load,
+from conftest import COMFY, REASON
+
+if not COMFY:
+    pytest.skip(REASON, allow_module_level=True)
+
+import torch  # noqa: E402
+
+from gcache.comfy_models import data  # noqa: E402
+from gcache.comfy_models.families import (FAMILIES, build, comfyui_version, conds, heldout_loss, load,  # noqa: E402
                                           velocity_loss)
 
 EXPECTED = {"flux": ("FluxSchnell", "comfy.ldm.flux.model.Flux"), "wan": ("WAN21_T2V", "comfy.ldm.wan.model.WanModel")}
