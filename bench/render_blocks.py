@@ -63,6 +63,21 @@ def readme_demo_caption(results) -> str:
             f"{machine(rec)}, {str(rec['date'])[:10]}: what the demo above prints and draws.*\n")
 
 
+@block("fresh_choice.prose")
+def fresh_choice_prose(results) -> str:
+    """The final choice's margin against the other rules (bench/fresh_choice.py), as search.md quotes it."""
+    res = results("fresh_choice")
+    rules = res["rules"]
+
+    def one(name):
+        r = rules[name]
+        return (f"{name}: mean {num(r['mean_regret_db'], '.2f')}, worst {num(r['worst_regret_db'], '.2f')} dB, "
+                f"{r['replaced']} replacements")
+    return (f"over {res['searches']} searches (budget {res['budget']}, {len(res['seed_sets'])} sets of search seeds, "
+            f"GP seeds {joined(res['gp_seeds'], sep=', ')}), the held-out regret against the best finalist was "
+            + "; ".join(one(n) for n in rules))
+
+
 @block("readme.peers_caption")
 def readme_peers_caption(results) -> str:
     """README's first figure (bench/peers_plot.py draws it from the same result): what it shows and the headline."""
