@@ -315,6 +315,8 @@ class SearchLoop:
                  f"resumed at evaluation {len(state.history)}" + (
                      f" ({_count(len(state.pending), 'evaluation')} dispatched again)" if state.pending else "")
                  if resumed else "starting")
+        if seeds == 1:
+            log.info("GCache Search: %s.", paired.one_seed_fallbacks(forecasters.get(config.forecast).needs_profile))
         for j, p in enumerate(state.pending):  # a resumed search: what was out when it stopped, each mask once
             if not any(o["mask"] == p["mask"] for o in state.pending[:j]):
                 self.dispatch(p)

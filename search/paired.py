@@ -63,6 +63,22 @@ CHOICE_Z = 0.0
 FRESH_Z = 1.0
 
 
+# The fewest search seeds with which the rules above test over the seeds (the halves need two): GCache Search's
+# default (nodes/search_node.py). With one seed each falls back to a lower mean loss (`Rule.decide`); the final
+# choice, a lower mean loss under CHOICE_Z = 0 anyway, loses nothing.
+LEAST_SEEDS = 2
+
+
+def one_seed_fallbacks(profile_fitted: bool) -> str:
+    """What a one-seed search's log says (search/loop.py): the rules that then decide by a lower mean loss alone (the
+    forecaster check and the final choice on fresh seeds run in a search with a profile-fitted forecaster only)."""
+    rules = ["the polish guard"] + (["the forecaster check", "the final choice on fresh seeds"] if profile_fitted
+                                     else [])
+    return (f"1 seed: {', '.join(rules[:-1]) + ' and ' if len(rules) > 1 else ''}{rules[-1]} "
+            f"{'decide' if len(rules) > 1 else 'decides'} by a lower mean loss alone, with no test against the seed "
+            f"noise (each was measured with many more seeds: search/paired.py); use {LEAST_SEEDS} or more seeds")
+
+
 def per_seed(entry: Optional[dict]) -> Optional[np.ndarray]:
     """The per-seed losses of a measured mask as an array, None without them."""
     v = (entry or {}).get("per_seed")

@@ -4,6 +4,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from gcache.search import paired
 from gcache.search.paired import HALVES, MEAN, POLISH, beyond_z, halves, paired_difference
@@ -73,6 +75,18 @@ def test_the_final_choices_rule_and_a_noise_margin_by_hand():
     assert choice.better(m(0.99, 1.0, 0.99, 1.0), old)  # any lower mean: d = [-0.01, 0, -0.01, 0]
     assert margin.better(m(0.9, 0.88, 0.9, 0.88), old)  # d = [-0.1, -0.12, -0.1, -0.12]: 19.05 s.e.
     assert not choice.better(m(1.0, 1.0, 1.0, 1.01), old) and not choice.better(m(*[1.0] * 4), old)  # no gain
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(2, 8), data=st.data())
+def test_the_final_choices_rule_says_what_the_means_say(n, data):
+    """CHOICE_Z = 0: the paired test believes a gain exactly when the mean loss falls, so search/choice.py applies no
+    test (its noise branches were unreachable); a stricter rule is the bench's (bench/choice_regret.py)."""
+    floats = st.floats(0.0, 2.0, allow_nan=False, allow_subnormal=False)
+    a, b = (data.draw(st.lists(floats, min_size=n, max_size=n)) for _ in range(2))
+    gap = sum(a) / n - sum(b) / n
+    assume(abs(gap) > 1e-9)  # a difference of the means that float rounding can't flip
+    assert paired.CHOICE.better(m(*a), m(*b)) == (gap < 0)
 
 
 def test_under_the_z_guard_a_null_move_passes_one_time_in_four():

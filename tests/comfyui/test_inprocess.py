@@ -162,6 +162,9 @@ def test_the_search_nodes_inputs_state_the_numbers_the_search_computes():
     assert f"{fewest} to {most})" in tip and f"at least {least['reuse']} for degree 3 ({least['forecasting']} when " \
         "forecasting" in tip
     assert "K < steps" in inputs["k"].tooltip
+    # the seeds the paired rules need by default (2: the halves need two); the tooltip says what one seed skips
+    assert inputs["seeds"].default == 2 and "1 seed the polish guard, the forecaster check and that final choice " \
+        "decide by a lower mean loss" in inputs["seeds"].tooltip
 
 
 def test_k_equal_to_steps_is_refused_before_any_sampling(built, gcache_dir, monkeypatch):
