@@ -63,6 +63,12 @@ def readme_demo_caption(results) -> str:
             f"{machine(rec)}, {str(rec['date'])[:10]}: what the demo above prints and draws.*\n")
 
 
+def paired_fresh_z() -> float:
+    """The search's own margin on the fresh seeds (the rule the stored result names z=<it>)."""
+    from ..search.paired import FRESH_Z
+    return FRESH_Z
+
+
 @block("fresh_choice.prose")
 def fresh_choice_prose(results) -> str:
     """The final choice's margin against the other rules (bench/fresh_choice.py), as search.md quotes it."""
@@ -73,9 +79,16 @@ def fresh_choice_prose(results) -> str:
         r = rules[name]
         return (f"{name}: mean {num(r['mean_regret_db'], '.2f')}, worst {num(r['worst_regret_db'], '.2f')} dB, "
                 f"{r['replaced']} replacements")
+    ours, runs = f"z={paired_fresh_z():g}", [r for r in res["runs"] if r.get("picks")]
+
+    def against(name):  # the search's rule against another, search by search (a tie: the same regret)
+        d = [r["picks"][ours]["regret_db"] - r["picks"][name]["regret_db"] for r in runs]
+        return (f"{name}: better in {sum(v < 0 for v in d)}, worse in {sum(v > 0 for v in d)}, tied in "
+                f"{sum(v == 0 for v in d)}")
     return (f"over {res['searches']} searches (budget {res['budget']}, {len(res['seed_sets'])} sets of search seeds, "
             f"GP seeds {joined(res['gp_seeds'], sep=', ')}), the held-out regret against the best finalist was "
-            + "; ".join(one(n) for n in rules))
+            + "; ".join(one(n) for n in rules)
+            + f" (the search's {ours} against " + "; ".join(against(n) for n in rules if n != ours) + ")")
 
 
 @block("readme.peers_caption")
@@ -520,10 +533,12 @@ def polish_guard_prose(results) -> str:
     r48, r64 = results("polish_guard_48"), results("polish_guard_64")
     better = r48["z_vs_halves"]["better"] + r64["z_vs_halves"]["better"]
     worse = r48["z_vs_halves"]["worse"] + r64["z_vs_halves"]["worse"]
-    total = sum(r48["z_vs_halves"].get(k, 0) + r64["z_vs_halves"].get(k, 0) for k in ("better", "worse", "same"))
+    same = r48["z_vs_halves"]["same"] + r64["z_vs_halves"]["same"]
+    worst = min(r48["z_vs_halves"]["worst_db"], r64["z_vs_halves"]["worst_db"])
     z, h = r48["median_gain_db"]["z"], r48["median_gain_db"]["halves"]
     k = max(z, key=lambda kk: (abs(z[kk] - h[kk]), -int(kk)))  # the K where the two guards differ most
-    return (f"the z guard was better in {better} and worse in {worse} of {total} searches at budgets 48 and 64, and at "
+    return (f"the z guard was better in {better}, worse in {worse} and tied in {same} of {better + worse + same} "
+            f"searches at budgets 48 and 64 (at worst {db(worst, '+.2f')} dB against the halves guard), and at "
             f"K = {k} of 30 (budget 48) its median gain over no polish was {db(z[k], '+.2f')} dB where the halves "
             f"guard's was {db(h[k], '+.2f')} dB")
 
@@ -536,11 +551,17 @@ def forecaster_check_prose(results) -> str:
     switched_k = sorted({r["K"] for r in res["runs"] if r["picks"]["halves"]["forecaster"] != base(r)})
     gains = ", ".join(f"{num(rule['median_gain_db_per_k'][str(k)], '+.2f')} dB at K = {k}" for k in switched_k)
     won = sorted({base(r) for r in res["runs"]})
+    kept = len(res["runs"]) - rule["switched"]  # a tie with never switching: the same policy
+    others = [f"{words} switched in {res['rules'][name]['switched']} (worst gain "
+              f"{num(res['rules'][name]['worst_gain_db'], '+.2f')} dB)"
+              for name, words in (("mean", "a lower mean loss"), ("noise", "a gain beyond 2 standard errors"))
+              if name in res["rules"]]
     return (f"the searches returned a candidate of {' or '.join(won)}; the check switched its forecaster in "
             f"{rule['switched']} of {len(res['runs'])} searches"
             + (f" (at K = {', '.join(map(str, switched_k))}; median held-out gain {gains})" if switched_k else "")
-            + f", and its worst held-out gain over keeping the candidate's forecaster was "
-              f"{num(rule['worst_gain_db'], '+.2f')} dB")
+            + f" and kept it in {kept} (tied with never switching), and its worst held-out gain over keeping the "
+              f"candidate's forecaster was {num(rule['worst_gain_db'], '+.2f')} dB"
+            + (f"; of the rules compared, {' and '.join(others)}" if others else ""))
 
 
 # ------------------------------------------------------------------------------------------------ forecasting.md
@@ -973,4 +994,4 @@ def choice_regret_prose(results) -> str:
             f"the best mask each search evaluated, {num(old['mean'], '.2f')} dB on average and "
             f"{num(old['worst'], '.2f')} dB at worst, where no margin had {num(new['median'], '.2f')}, "
             f"{num(new['mean'], '.2f')} and {num(new['worst'], '.2f')} dB (better in {better} of {len(rows)} searches, "
-            f"worse in {worse})")
+            f"worse in {worse}, tied in {len(rows) - better - worse})")
