@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
-from ..core.errors import GCacheError
 from ..core.policy import Policy
 from . import artifacts
 from . import comfy_common as cc

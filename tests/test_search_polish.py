@@ -1,5 +1,4 @@
 """The polish stage (local moves on the true loss), the final choice, and the start masks of several error models."""
-import json
 import logging
 import os
 import signal

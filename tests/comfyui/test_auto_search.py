@@ -161,7 +161,7 @@ def test_a_search_never_silently_replaces_a_better_searched_policy(flux, gcache_
         f"compare: it was moved to {side}" in text
     # auto applies what the file holds, and says which
     out, runs, text = auto(flux, caplog)
-    assert f"applying the policy GCache Search found (" in text and f"K = 3, {path.name})" in text
+    assert "applying the policy GCache Search found (" in text and f"K = 3, {path.name})" in text
     assert runs == 3 and torch.equal(out, applied(flux, c))
 
 

@@ -151,7 +151,7 @@ def test_auto_with_the_forecast_input_never_claims_a_policy_file_it_does_not_wri
     assert len(names) == 1 and names[0].endswith("_6steps_simple.profile.safetensors"), names  # no policy file
     pol_name = names[0].replace(".profile.safetensors", "_2x.json")
     assert f"saved {pol_name}" not in caplog.text and "the next run applies it" not in caplog.text
-    assert f"built the policy for the forecast input (linear; K = " in caplog.text
+    assert "built the policy for the forecast input (linear; K = " in caplog.text
     assert f"not saved as {pol_name}; the next run builds it again from the saved {names[0]}." in caplog.text
     caplog_run1 = caplog.text
     caplog.clear()
