@@ -6,6 +6,7 @@ ComfyUI; `core/` and `search/` stay headless.
 """
 
 from .core.version import VERSION as __version__  # noqa: E402, F401  (core/version.py imports nothing)
+
 WEB_DIRECTORY = "./web"  # web/gcache.js: the panel of background searches (ComfyUI serves it to its frontend)
 
 

@@ -44,14 +44,14 @@ def main(argv=None) -> dict:
                    '.venv/bin/pip install -e ".[cluster]" from the repository root)')
     import ray
     import torch
+
     from ..reference_model.cluster import ReferenceWorker
     from ..reference_model.harness import ReferenceHarness
-    from ..search.loop import run_search
     from ..search.config import SearchConfig
     from ..search.infra.cli import parse_seeds
-    from ..search.infra.ray_executor import RayExecutor
     from ..search.infra.objectives import make_objective, psnr
-    from ..search.loop import run_batch_search
+    from ..search.infra.ray_executor import RayExecutor
+    from ..search.loop import run_batch_search, run_search
     torch.set_num_threads(1)
     seeds, held, gp_seeds = parse_seeds(a.search_seeds), parse_seeds(a.eval_seeds), parse_seeds(a.gp_seeds)
     h = ReferenceHarness(a.steps)

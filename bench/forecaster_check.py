@@ -35,8 +35,8 @@ def main(argv=None, harness_factory=None) -> dict:
     a = ap.parse_args(argv)
     check_ks(ap, a)
     from ..search import end_game
-    from ..search.loop import run_search
     from ..search.config import SearchConfig
+    from ..search.loop import run_search
     from ..search.state import forecaster_of, mask_of
     setup = FittedSetup(a, harness_factory)
     profile, evaluate, held_out, gp_seeds = setup.profile, setup.evaluate, setup.held_out, setup.gp_seeds

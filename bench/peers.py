@@ -61,6 +61,7 @@ def main(argv=None) -> dict:
         ap.error(f"--thresholds {' '.join(f'{t:g}' for t in a.thresholds)}: a cache threshold is above 0")
     require_comfyui(ap)
     import torch
+
     from ..comfy_models import families
     families.use_comfyui()
     torch.set_num_threads(1)
@@ -77,6 +78,7 @@ def main(argv=None) -> dict:
 
 def _nodes():
     from comfy_extras.nodes_easycache import EasyCacheNode, LazyCacheNode
+
     from ..nodes.apply_node import GCacheApply
     return GCacheApply, EasyCacheNode, LazyCacheNode
 
@@ -111,8 +113,9 @@ def input_copied(patcher):
 
 def family_rows(a, family, progress) -> dict:
     import folder_paths
-    import nodes as comfy_nodes
     import torch
+
+    import nodes as comfy_nodes
 
     from ..comfy_models import data
     from ..comfy_models.families import comfy_cond, load
@@ -214,14 +217,15 @@ def search_rows(a, family, m, gdir, rows, row) -> list:
     """GCache Search (the node) at each auto row's K, with auto's saved profile and its policy's forecaster, then
     applied through GCache Apply with the policy connected. Its files go to a folder of their own, so that auto's
     rows above never saw them."""
+    import folder_paths
     import torch
+
+    from ..comfy_models.families import comfy_cond
     from ..core import forecasters
     from ..core.policy import Policy
     from ..core.profile import Profile
     from ..nodes.apply_node import GCacheApply
     from ..nodes.search_node import GCacheSearch
-    from ..comfy_models.families import comfy_cond
-    import folder_paths
     s = SETTINGS[family.name]
     profile = Profile.load(next(os.path.join(gdir, f) for f in os.listdir(gdir) if f.endswith(".profile.safetensors")))
     out = []

@@ -146,6 +146,7 @@ def gp_timing(n: int, dim: int = 4, iters: int = 10) -> dict:
     S = rng.random((n + iters, dim)) * 10
     y = np.round(((S - 3) ** 2).sum(1) / 100, 2) + 0.01 * rng.standard_normal(n + iters)  # piecewise flat, like masks
     from sklearn.gaussian_process import GaussianProcessRegressor
+
     from ..search.gp import _kernel
     gp = GPLCB(dim, 0.0, 10.0, seed=0, cold_every=0)
     t0 = time.perf_counter()  # the plain way: sklearn's default optimizer with 2 restarts, every iteration
@@ -175,10 +176,10 @@ def run_n(n_steps, args, objective, lpips_net, harness_factory=None) -> dict:
     from ..core import forecasters
     from ..reference_model.harness import ReferenceHarness
     from ..search.baselines import all_baselines, uniform_mask
-    from ..search.loop import run_search
-    from ..search.infra.cli import parse_seeds
     from ..search.config import SearchConfig
+    from ..search.infra.cli import parse_seeds
     from ..search.instant import auto_policy, choose_forecaster, instant_policy
+    from ..search.loop import run_search
     from .rivals import l2p_params, trajectory_gram
     h = harness_factory(n_steps) if harness_factory else ReferenceHarness(n_steps)
     search_seeds, eval_seeds, gp_seeds = (parse_seeds(v) for v in (args.search_seeds, args.eval_seeds, args.gp_seeds))
@@ -396,7 +397,7 @@ def main(argv=None, harness_factory=None) -> dict:
     minutes = 20 * (a.budget or (48 if a.quick else 64)) / 48 * len([30] if a.quick else a.steps)
     a.progress = lambda total, what: Progress(total, what, expected_s=60 * minutes / max(1, len(a.steps)))
     from ..search.infra.cli import set_threads
-    from ..search.infra.objectives import lpips_available, load_lpips, make_objective
+    from ..search.infra.objectives import load_lpips, lpips_available, make_objective
     set_threads(a.threads)
     if a.quick:
         a.steps = [30]

@@ -49,8 +49,9 @@ def main(argv=None) -> dict:
     torch.set_num_threads(1)
     import comfy.utils
     comfy.utils.PROGRESS_BAR_ENABLED = False  # a bar per sampling run would bury the bench's own progress lines
-    import nodes as comfy_nodes
     import tiny_image_models_033 as tim33
+
+    import nodes as comfy_nodes
 
     out = {"N": a.steps, "K": a.k, "held_out_seeds": a.seeds}
     progress = Progress(len(a.families), "route quality: families", expected_s=120.0 * len(a.families))
@@ -64,11 +65,11 @@ def main(argv=None) -> dict:
 def family_row(a, fam, built, comfy_nodes, progress) -> dict:
     """One family's routes, sampled and compared."""
     from ..core.profile import Profile
-    from ..nodes.patching import hooks
-    from ..nodes.patching.adapters import FALLBACK
     from ..nodes.modes.apply import ApplyConfig
     from ..nodes.modes.base import ModeConfig
     from ..nodes.modes.profile import ProfileConfig
+    from ..nodes.patching import hooks
+    from ..nodes.patching.adapters import FALLBACK
     from ..search.instant import instant_policy
     m, pos, neg, lat = built
     dm = m.get_model_object("diffusion_model")

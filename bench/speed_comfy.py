@@ -10,6 +10,7 @@ import torch.nn as nn
 
 from .speed_models import FluxLike, WanLike
 
+
 class _ComfyStack(nn.Module):
     """Stands in for ComfyUI's block list: forward_orig calls it once per step; it runs the real blocks
     through the hook. With this as the only entry, ComfyUI's forward_orig is exactly f_in → stack → f_out."""

@@ -18,10 +18,10 @@ import torch
 from ..core import ProfileRecorder, ResidualCache, StackClock, StepClock
 from ..core.recorder import MAX_ELEMS, sample_stride
 from ..search.baselines import uniform_mask
-
 from .cli import own_inductor_cache
 from .speed_comfy import ComfyModel
 from .speed_models import FULL, QUICK, FluxLike, FluxSize, WanLike, WanSize
+
 
 # ============================================================================ the step and the runs
 def forward(model, x, t, inp, stack: Callable):

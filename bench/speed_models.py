@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+
 # ============================================================================ size configs
 @dataclass
 class FluxSize:

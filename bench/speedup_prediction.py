@@ -211,8 +211,9 @@ def comfyui_modules(path: str):
     comfy.cli_args.args.cpu = not torch.cuda.is_available()
     import comfy.utils
     comfy.utils.PROGRESS_BAR_ENABLED = False  # a bar per sampling run would bury the bench's own progress lines
-    import nodes as comfy_nodes
     import tiny_models as tm
+
+    import nodes as comfy_nodes
     return comfy_nodes, tm
 
 
@@ -220,7 +221,8 @@ def comfyui(reruns: int, repeats: int, modules, progress: Optional[Progress] = N
     comfy_nodes, tm = modules
 
     from ..core.policy import Policy
-    from ..nodes.modes import apply as apply_mode, profile as profile_mode
+    from ..nodes.modes import apply as apply_mode
+    from ..nodes.modes import profile as profile_mode
     from ..nodes.patching import hooks
     n = 12
     out = {}

@@ -53,6 +53,7 @@ def main(argv=None) -> dict:
     a = ap.parse_args(argv)
     require_comfyui(ap)
     import torch
+
     from ..comfy_models import families
     families.use_comfyui()
     torch.set_num_threads(1)
@@ -104,6 +105,7 @@ class Family:
     def sample(self, model, seed, label, steps=None):
         """(final latent, seconds) of a KSampler run."""
         import nodes as comfy_nodes
+
         from ..comfy_models.families import comfy_cond
         t0 = time.perf_counter()
         z = comfy_nodes.common_ksampler(model, seed, steps or self.a.steps, self.s["cfg"], self.s["sampler"],
@@ -117,6 +119,7 @@ class Family:
         import comfy.samplers
         import torch
         from comfy_extras.nodes_perpneg import Guider_PerpNeg
+
         from ..comfy_models.families import comfy_cond
         guider = Guider_PerpNeg(model)
         guider.set_conds(comfy_cond(self.family, label),

@@ -41,6 +41,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     use_comfyui()
     import comfy.model_management as mm
+
     from .families import build
 
     family = FAMILIES[a.family]

@@ -30,7 +30,8 @@ from . import profile_stats
 from .errors import GCacheError
 from .files import atomic_write_bytes
 from .fit_stats import FitStats
-from .io_share import IoShare, check_meta as check_io_meta, merged_runs
+from .io_share import IoShare, merged_runs
+from .io_share import check_meta as check_io_meta
 from .verdicts import merged_checks
 
 log = logging.getLogger("gcache")

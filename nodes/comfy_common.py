@@ -6,10 +6,9 @@ import functools
 import inspect
 import os
 
+import folder_paths
 import numpy as np
 import torch
-
-import folder_paths
 from comfy_api.latest import io
 
 from ..core import forecasters

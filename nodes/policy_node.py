@@ -12,9 +12,10 @@ from ..core.files import safe_name
 from ..core.policy import Policy, check_budget, few_computed, k_for_speedup, out_of_reach
 from ..core.user_text import quoted
 from ..core.verdicts import checks_of, failed, stamp
-from ..search.error_models import DEFAULT as DEFAULT_ERROR_MODEL, ERROR_MODELS
-from ..search.instant import METHODS, instant_policy, propagation_weights
+from ..search.error_models import DEFAULT as DEFAULT_ERROR_MODEL
+from ..search.error_models import ERROR_MODELS
 from ..search.infra.plots import plot_policy
+from ..search.instant import METHODS, instant_policy, propagation_weights
 from . import artifacts
 from . import comfy_common as cc
 from .modes.verdicts import describe

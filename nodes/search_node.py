@@ -16,14 +16,14 @@ from ..core.files import safe_name
 from ..core.policy import Policy
 from ..search.budget import minimum_budgets, start_range
 from ..search.config import POLISH_SHARE, SearchConfig
-from ..search.loop import SearchInterrupted
-from ..search.paired import LEAST_SEEDS
 from ..search.infra.objectives import OBJECTIVES, make_objective
 from ..search.infra.plots import plot_policy, plot_search
 from ..search.infra.requirements import require, search_modules
+from ..search.loop import SearchInterrupted
+from ..search.paired import LEAST_SEEDS
 from . import comfy_common as cc
-from .search_jobs import background
 from .modes import verdicts
+from .search_jobs import background
 from .search_jobs.job import NothingToSearch, SearchJob, run_slice
 
 log = logging.getLogger("gcache")
@@ -354,8 +354,8 @@ def _state(job: SearchJob):
 
 def _report(job: SearchJob, profile, bg) -> io.NodeOutput:
     """The best policy so far and a picture of the search as it stands."""
-    from ..search.instant import propagation_weights
     from ..search.infra.plots import plot_policy
+    from ..search.instant import propagation_weights
     policy = job.best_so_far(profile)
     state = _state(job)
     status = f"{bg.status}: {bg.evaluations} of {bg.budget} evaluations" if bg is not None else "not running"

@@ -17,9 +17,20 @@ from typing import Optional, Sequence
 
 from ..core import forecasters
 from ..core.errors import GCacheError
-from ..search.infra.cli import (ArgumentParser, Problems, check_at_least, check_out_folder, check_steps, command_name,
-                                forecast_choices, forecaster_of, make_out_folder, parse_seeds, run_command,
-                                set_threads)
+from ..search.infra.cli import (
+    ArgumentParser,
+    Problems,
+    check_at_least,
+    check_out_folder,
+    check_steps,
+    command_name,
+    forecast_choices,
+    forecaster_of,
+    make_out_folder,
+    parse_seeds,
+    run_command,
+    set_threads,
+)
 from ..search.infra.objectives import OBJECTIVES, ensure_backbone
 from ..search.infra.ray_executor import RayExecutor, require_ray
 from ..search.infra.requirements import require, search_modules

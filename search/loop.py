@@ -49,8 +49,8 @@ from ..core.profile import Profile
 from ..core.weights import bernstein_w
 from . import end_game, paired
 from . import result as results
-from .end_game import EndGame
 from .config import SearchConfig, check_k
+from .end_game import EndGame
 from .executor import Executor, InProcessExecutor, evaluate_now
 from .gp import GPLCB, kappa_schedule, start_grid
 from .instant import bound_on, dp_on, propagation_weights

@@ -12,9 +12,9 @@ import os
 import re
 import shlex
 import sys
-import tomllib
 
 import pytest
+import tomllib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TREES = sorted(glob.glob(os.path.join(ROOT, "..", "shared", "comfyui", "*", "requirements.txt")))

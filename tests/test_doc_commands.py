@@ -24,9 +24,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pytest
+from test_docs import doc_files, shell_lines, simple_commands, split_markdown
 
 from gcache.bench import runs, store
-from test_docs import doc_files, shell_lines, simple_commands, split_markdown
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NEEDS = re.compile(r"^\s*\*Needs (?P<what>.+)\*\s*$")

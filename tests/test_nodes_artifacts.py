@@ -192,6 +192,7 @@ def test_the_searched_file_holds_the_best_of_the_latest_references(saves):
     """Against a fold by hand: within one set of references the lowest loss stays (a tie keeps the earlier); another
     set of references takes the file and the one there is kept beside it."""
     import tempfile
+
     from gcache.core.policy import Policy
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "auto_K3_searched.json")

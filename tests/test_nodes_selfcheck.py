@@ -2,18 +2,17 @@
 loop asks for GCache's real dit patches (runtime.make_dit_patch): a correct adapter passes with the run's output
 untouched; a wrong token range, blocks writing into their input, a loop that never calls a patch each fail; calls
 the replay can't make are "not checked", never a failure of the call (headless)."""
-from types import SimpleNamespace
-
 import logging
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from gcache.core.engine import ResidualCache
+from gcache.core.recorder import ProfileRecorder
 from gcache.core.selfcheck import FAIL, NOT_CHECKED, PASS
 from gcache.nodes.patching import streams
 from gcache.nodes.patching.adapters import Adapter, BlockSlot, Route, Stack
-from gcache.core.recorder import ProfileRecorder
 from gcache.nodes.patching.runtime import RunState, activate, current_run, deactivate, make_dit_patch
 from gcache.nodes.patching.selfcheck import RunCheck
 from gcache.nodes.patching.steps import StepTracker

@@ -5,13 +5,13 @@ import math
 
 import numpy as np
 import pytest
+import stats_oracle as oracle
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_profile import SpyRecorder  # keeps what the engine hands the recorder: the oracle's input
 
 import gcache.core.recorder as core_recorder
-import stats_oracle as oracle
-from test_profile import SpyRecorder  # keeps what the engine hands the recorder: the oracle's input
 from gcache.core.engine import CacheStats, ResidualCache
 from gcache.core.errors import GCacheError
 from gcache.core.profile import MAX_SAMPLE_KEYS, Profile

@@ -7,10 +7,10 @@ import pytest
 from gcache.core.errors import GCacheError
 from gcache.core.profile import Profile
 from gcache.core.weights import bernstein_w
-from gcache.search.loop import SearchInterrupted, mask_key, run_search
 from gcache.search.config import SearchConfig
-from gcache.search.state import check_state, load_state
 from gcache.search.dp import mask_cost
+from gcache.search.loop import SearchInterrupted, mask_key, run_search
+from gcache.search.state import check_state, load_state
 
 N = 14
 

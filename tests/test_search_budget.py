@@ -4,6 +4,8 @@ import os
 import re
 
 import pytest
+from test_forecaster_l2p import profile_of, trajectories
+from test_search_bilevel import CFG, Evaluator, N, make_profile
 
 from gcache.core import forecasters
 from gcache.core.errors import GCacheError
@@ -11,8 +13,6 @@ from gcache.search import budget
 from gcache.search.config import SearchConfig
 from gcache.search.loop import run_search
 from gcache.search.starts import start_masks
-from test_forecaster_l2p import profile_of, trajectories
-from test_search_bilevel import CFG, N, Evaluator, make_profile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHIPPED = [n for n in forecasters.names()  # not the rivals bench/rivals.py registers for its rows

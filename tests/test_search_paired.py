@@ -113,6 +113,7 @@ def test_the_guard_names_a_config_and_a_state_file_may_hold():
 def _stored(name: str) -> dict:
     import json
     import os
+
     from gcache.search import paired
     root = os.path.dirname(os.path.dirname(os.path.abspath(paired.__file__)))
     with open(os.path.join(root, "bench", "results", f"{name}.json"), encoding="utf-8") as f:
@@ -162,6 +163,7 @@ def citation_problems(doc: str) -> list:
     a cited file that does not exist, a quoted figure missing or other than its stored result's."""
     import os
     import re
+
     from gcache.search import paired
     root = os.path.dirname(os.path.dirname(os.path.abspath(paired.__file__)))
     problems = []

@@ -4,13 +4,13 @@ import threading
 
 import numpy as np
 import pytest
+from test_search_bilevel import CFG, Evaluator, make_profile
 
 from gcache.core.errors import GCacheError
-from gcache.search.executor import InProcessExecutor
-from gcache.search.loop import run_batch_search, run_search
 from gcache.search.config import SearchConfig
+from gcache.search.executor import InProcessExecutor
 from gcache.search.infra.parallel import ThreadExecutor
-from test_search_bilevel import CFG, Evaluator, make_profile
+from gcache.search.loop import run_batch_search, run_search
 
 
 class Counting(Evaluator):

@@ -9,23 +9,24 @@ from itertools import combinations
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_search_bilevel import CFG, Evaluator, make_profile
 
 from gcache.core import forecasters
 from gcache.core.errors import GCacheError
 from gcache.core.recorder import ProfileRecorder
 from gcache.core.weights import analytic_w
-from gcache.search.executor import InProcessExecutor
-from gcache.search.loop import mask_key, run_batch_search, run_search
+from gcache.search import paired
 from gcache.search.choice import choose
 from gcache.search.config import SearchConfig
-from gcache.search.instant import instant_policy
+from gcache.search.executor import InProcessExecutor
 from gcache.search.infra.parallel import ThreadExecutor
-from gcache.search import paired
+from gcache.search.instant import instant_policy
+from gcache.search.loop import mask_key, run_batch_search, run_search
 from gcache.search.polish import moves
 from gcache.search.starts import start_count, start_masks
 from gcache.search.state import SearchState, load_state
-from test_search_bilevel import CFG, Evaluator, make_profile
 
 POLISHED = dict(CFG, budget=24)  # 3 start masks, 8 grid points, 7 GP proposals, 6 polish moves
 

@@ -141,6 +141,7 @@ class ComfyUIWorker:
         """An executor without Ray (parallel.ThreadExecutor): one thread per server, each evaluation on a free
         server. It declares what the workers can evaluate (the search's forecaster only)."""
         import queue
+
         from .parallel import ThreadExecutor
         free: queue.Queue = queue.Queue()
         for u in urls:

@@ -4,22 +4,20 @@ when none does the log says which policy was used instead and why."""
 import re
 
 import pytest
-
 from conftest import COMFY, REASON
 
 if not COMFY:
     pytest.skip(REASON, allow_module_level=True)
 
+import tiny_models as tm  # noqa: E402
 import torch  # noqa: E402
 
 import nodes as comfy_nodes  # noqa: E402
-import tiny_models as tm  # noqa: E402
-
 from gcache.core.policy import Policy  # noqa: E402
 from gcache.core.profile import Profile  # noqa: E402
+from gcache.nodes.apply_node import GCacheApply  # noqa: E402
 from gcache.nodes.modes import apply as apply_mode  # noqa: E402
 from gcache.nodes.patching import hooks  # noqa: E402
-from gcache.nodes.apply_node import GCacheApply  # noqa: E402
 from gcache.nodes.profile_node import GCacheProfile  # noqa: E402
 from gcache.nodes.search_node import GCacheSearch  # noqa: E402
 

@@ -14,7 +14,6 @@ import time
 import uuid
 
 import pytest
-
 from conftest import COMFY, REASON
 
 if not COMFY:

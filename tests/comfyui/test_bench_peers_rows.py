@@ -4,15 +4,14 @@ import math
 
 import pytest
 import torch
-
 from conftest import COMFY, REASON
 
 if not COMFY:
     pytest.skip(REASON, allow_module_level=True)
 
-import nodes as comfy_nodes  # noqa: E402
 from comfy_extras.nodes_easycache import LazyCacheNode  # noqa: E402
 
+import nodes as comfy_nodes  # noqa: E402
 from gcache.bench import peers  # noqa: E402
 from gcache.comfy_models import data  # noqa: E402
 from gcache.comfy_models.families import FLUX, comfy_cond, load  # noqa: E402

@@ -3,7 +3,6 @@ thread-per-server pool, and with Ray actors (one per server) when the optional R
 import json
 
 import pytest
-
 from conftest import COMFY, REASON
 
 if not COMFY:

@@ -8,24 +8,22 @@ a copy of the stack input made before GCache's first block patch sees it (the ch
 add into their input in place, LTXV and Chroma), and the image tokens of the last block's output.
 """
 import pytest
-
 from conftest import COMFY, REASON
 
 if not COMFY:
     pytest.skip(REASON, allow_module_level=True)
 
-import torch  # noqa: E402
-
-import nodes as comfy_nodes  # noqa: E402
-from comfy.patcher_extension import WrappersMP  # noqa: E402
-
 import tiny_image_models as tim  # noqa: E402
 import tiny_models as tm  # noqa: E402
 import tiny_video_models as tvm  # noqa: E402
+import torch  # noqa: E402
+from comfy.patcher_extension import WrappersMP  # noqa: E402
 
+import nodes as comfy_nodes  # noqa: E402
 from gcache.core.policy import Policy  # noqa: E402
 from gcache.core.profile import Profile  # noqa: E402
-from gcache.nodes.modes import apply as apply_mode, profile as profile_mode  # noqa: E402
+from gcache.nodes.modes import apply as apply_mode  # noqa: E402
+from gcache.nodes.modes import profile as profile_mode
 from gcache.nodes.patching import hooks  # noqa: E402
 from gcache.nodes.patching.adapters import Route, block_slots  # noqa: E402
 from gcache.nodes.patching.streams import Layout  # noqa: E402

@@ -14,7 +14,6 @@ import urllib.request
 import uuid
 
 import pytest
-
 from conftest import COMFY, REASON
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -6,27 +6,25 @@ import os
 
 import numpy as np
 import pytest
-
 from conftest import COMFY, REASON
 
 if not COMFY:
     pytest.skip(REASON, allow_module_level=True)
 
-import torch  # noqa: E402
-
 import folder_paths  # noqa: E402
-import nodes as comfy_nodes  # noqa: E402
 import tiny_models as tm  # noqa: E402
+import torch  # noqa: E402
 from safetensors.torch import save as st_save  # noqa: E402
 
+import nodes as comfy_nodes  # noqa: E402
 from gcache.core.errors import GCacheError  # noqa: E402
 from gcache.core.policy import Policy  # noqa: E402
 from gcache.core.profile import Profile  # noqa: E402
-from gcache.nodes.search_jobs import job as search_job  # noqa: E402
 from gcache.nodes.apply_node import GCacheApply  # noqa: E402
 from gcache.nodes.modes.auto import AUTO_VERSION  # noqa: E402
 from gcache.nodes.policy_node import GCachePolicy  # noqa: E402
 from gcache.nodes.profile_node import GCacheLoadProfile, GCacheProfile  # noqa: E402
+from gcache.nodes.search_jobs import job as search_job  # noqa: E402
 from gcache.nodes.search_node import GCacheSearch  # noqa: E402
 
 N = 6

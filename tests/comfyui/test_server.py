@@ -10,7 +10,6 @@ import time
 import uuid
 
 import pytest
-
 from conftest import COMFY, REASON
 
 if not COMFY:

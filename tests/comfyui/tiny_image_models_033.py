@@ -22,10 +22,8 @@ stream between blocks) and "notes". Written against ComfyUI 0.33.0.
 """
 from __future__ import annotations
 
-import torch
-
 import comfy.supported_models as sm
-
+import torch
 from tiny_models import CPU, DEVICE, _cond, _patcher, _randomize, complete
 
 
