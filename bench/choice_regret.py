@@ -169,9 +169,9 @@ def _one_set(a, text: str, seeds: list, gp_seeds: list, harness_factory) -> list
         rows.append({"search_seeds": text, "budget": budget, "K": k, "gp_seed": g, "masks": len(state.masks),
                      "psnr": psnr, "best_psnr": best, "regret": {r: round(best - v, 3) for r, v in psnr.items()},
                      "vs_lowest_loss": {r: round(lowest - v, 3) for r, v in psnr.items()}})
-        print(f"[{n}/{len(grid)}] seeds {text}, budget {budget}, K = {k}, GP seed {g}: {len(state.masks)} masks, search "
-              f"{t_search:.0f} s, {len(new)} held out in {time.time() - t0 - t_search:.0f} s; held-out PSNR: best "
-              f"evaluated {best:.2f} dB, lowest loss {lowest:.2f}, z=0 {psnr['z=0']:.2f}, z=2 {psnr['z=2']:.2f}, "
+        print(f"[{n}/{len(grid)}] seeds {text}, budget {budget}, K = {k}, GP seed {g}: {len(state.masks)} masks, "
+              f"search {t_search:.0f} s, {len(new)} held out in {time.time() - t0 - t_search:.0f} s; held-out PSNR: "
+              f"best evaluated {best:.2f} dB, lowest loss {lowest:.2f}, z=0 {psnr['z=0']:.2f}, z=2 {psnr['z=2']:.2f}, "
               f"halves {psnr['halves']:.2f}, start only {psnr['start_only']:.2f}", flush=True)
     return rows
 

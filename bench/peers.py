@@ -43,7 +43,8 @@ FIRST_BLOCK = {"flux": "double_blocks.0", "wan": "blocks.0"}
 
 def main(argv=None) -> dict:
     ap = BenchParser("gcache.bench.peers", __doc__)
-    ap.add_argument("--seeds", type=whole(1), default=16, help="held-out seed x prompt pairs (seed s, prompt s mod classes)")
+    ap.add_argument("--seeds", type=whole(1), default=16, help="held-out seed x prompt pairs (seed s, prompt s mod "
+                                                               "classes)")
     ap.add_argument("--steps", type=whole(4), default=20)
     ap.add_argument("--families", nargs="+", default=["flux", "wan"], choices=("flux", "wan"))
     ap.add_argument("--targets", nargs="+", type=float, default=list(TARGETS))
@@ -180,7 +181,8 @@ def family_rows(a, family, progress) -> dict:
     copied = input_copied(m)
     for peer, node in (("EasyCache", EasyCacheNode), ("LazyCache", LazyCacheNode)):
         for thr in a.thresholds:
-            rows.append(row(lambda: node.execute(copied if peer == "EasyCache" else m, thr, 0.15, 0.95, False).result[0],
+            rows.append(row(lambda: node.execute(copied if peer == "EasyCache" else m, thr, 0.15, 0.95,
+                                                 False).result[0],
                             f"{peer} {thr:g}", kind=peer, threshold=thr))
     if a.easycache_as_is is not None:  # EasyCache on the float32 model as it is: its in-place add hits x itself
         thr = a.easycache_as_is

@@ -167,7 +167,8 @@ def gp_timing(n: int, dim: int = 4, iters: int = 10) -> dict:
         fits.append(t1 - t0)
         acqs.append(time.perf_counter() - t1)
     steps = [f + a for f, a in zip(fits, acqs)]
-    return {"n": n, "plain_refit_restarts2_s": round(plain, 3), "cold_fit_s": round(cold, 3), "step_median_s": round(statistics.median(steps), 3),
+    return {"n": n, "plain_refit_restarts2_s": round(plain, 3), "cold_fit_s": round(cold, 3),
+            "step_median_s": round(statistics.median(steps), 3),
             "step_mean_s": round(statistics.mean(steps), 3), "fit_max_s": round(max(fits), 3),
             "acq_median_s": round(statistics.median(acqs), 3)}
 
@@ -322,7 +323,8 @@ def report(out: dict, objective_name: str, lpips: bool) -> dict:
         fitted_on = {"uniform": at_k["fitted_uniform"], "gcache_mask": at_k["gcache_forecast_unchecked"]}
         for rv in RIVALS:
             for where in ("uniform", "gcache_mask"):
-                rivals.setdefault(rv, {}).setdefault(where, {})[str(k)] = round(at_k[f"{rv}_{where}"] - fitted_on[where], 3)
+                rivals.setdefault(rv, {}).setdefault(where, {})[str(k)] = round(
+                    at_k[f"{rv}_{where}"] - fitted_on[where], 3)
     third = str(min(k for k in out["ks"] if k >= n // 3))
     print("polish: forecast search with − without polish, held-out PSNR dB per K (median over GP seeds " +
           ", ".join(map(str, sorted(next(iter(out["polish_runs"].values()))))) + "): " +
@@ -333,7 +335,8 @@ def report(out: dict, objective_name: str, lpips: bool) -> dict:
                                        for g, r in runs.items()))
     print("forecast (auto's forecaster, searched) − reuse (searched), held-out PSNR dB per K: " +
           ", ".join(f"K={k}: {v:+.2f}" for k, v in gain.items()))
-    print("instant, one batch: auto's forecaster − reuse: " + ", ".join(f"K={k}: {v:+.2f}" for k, v in inst_gain.items())
+    print("instant, one batch: auto's forecaster − reuse: "
+          + ", ".join(f"K={k}: {v:+.2f}" for k, v in inst_gain.items())
           + "; fitted − linear: " + ", ".join(f"K={k}: {v:+.2f}" for k, v in fit_gain.items())
           + "; auto picked " + ", ".join(f"K={k}: {v}" for k, v in out["auto_forecaster"].items()))
     print("GCache (reuse search) − best other reusing method, held-out PSNR dB per K: " +
@@ -350,7 +353,8 @@ def report(out: dict, objective_name: str, lpips: bool) -> dict:
                                                     f"{' (replaced the pick)' if c['fresh_replaced'] else ''}"
                                                     for c in cost)
           + "; least budget " + ", ".join(f"{fc}: {v['with_other_forecasters']} (own start masks only: "
-                                                   f"{v['own_start_masks_only']})" for fc, v in out["budget_floor"].items()))
+                                                   f"{v['own_start_masks_only']})"
+                                                   for fc, v in out["budget_floor"].items()))
     gp_end = [c["gp_s_per_iter_end"] for c in cost if c["gp_s_per_iter_end"] is not None]
     return {"N": n, "rows": [{"K": r["K"], "method": r["method"], "psnr": round(r["psnr"], 3),
                               "ssim": round(r["ssim"], 4), **({"lpips": round(r["lpips"], 4)} if lpips else {}),
@@ -361,7 +365,8 @@ def report(out: dict, objective_name: str, lpips: bool) -> dict:
             "polish_gain_db": polish,
             "polish_runs": {str(k): {str(g): r for g, r in v.items()} for k, v in out["polish_runs"].items()},
             "rival_minus_fitted_db": rivals,
-            "forecast_gain_db_at_third": gain[third], "forecast_min_gain_db": min(gain.values()), "forecast_gain_db": gain,
+            "forecast_gain_db_at_third": gain[third], "forecast_min_gain_db": min(gain.values()),
+            "forecast_gain_db": gain,
             "instant_forecast_minus_reuse_db": inst_gain, "fitted_minus_linear_db": fit_gain,
             "auto_forecaster": {str(k): v for k, v in out["auto_forecaster"].items()},
             "evaluations": sum(c["evaluations"] for c in cost),

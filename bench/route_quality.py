@@ -104,7 +104,8 @@ def family_row(a, fam, built, comfy_nodes, progress) -> dict:
     row.update(block_minus_whole_db=round(statistics.mean(diff), 2), paired_se_db=round(se, 2),
                masks={name: pol.describe() for name, (_, pol) in runs.items()})
     progress.step(f"{fam} (N = {a.steps}, K = {a.k}, {a.seeds} held-out seeds, PSNR of the final latent vs full "
-                  "compute): " + ", ".join(f"{n} {v:.2f} dB" for n, v in row.items() if isinstance(v, float) and n in psnr)
+                  "compute): "
+                  + ", ".join(f"{n} {v:.2f} dB" for n, v in row.items() if isinstance(v, float) and n in psnr)
                   + f"; block − whole model {row['block_minus_whole_db']:+.2f} ± {row['paired_se_db']:.2f} dB")
     return row
 

@@ -49,7 +49,7 @@ def folder() -> str:
     path = folder_paths.get_folder_paths(FOLDER)[0]
     try:
         os.makedirs(path, exist_ok=True)
-    except OSError:  # the node that writes there says so, with what to do (artifacts.cant_write), not a raw PermissionError
+    except OSError:  # the node that writes there says so, with what to do (artifacts.cant_write), not a raw error
         pass
     return path
 

@@ -25,8 +25,8 @@ def test_the_docs_are_the_renderings_of_the_stored_results():
         changed = render_docs.render_all(write=False)
     except render_docs.RenderError as e:
         pytest.fail(str(e))
-    assert not changed, (f"{', '.join(os.path.relpath(p, store.REPO) for p in changed)} differ from the stored results' "
-                         "rendering: run .venv/bin/python -m gcache.bench.render_docs")
+    assert not changed, (f"{', '.join(os.path.relpath(p, store.REPO) for p in changed)} differ from the stored "
+                         "results' rendering: run .venv/bin/python -m gcache.bench.render_docs")
 
 
 def test_every_marker_names_a_value_or_a_block():

@@ -157,7 +157,8 @@ def executed():
         try:
             try:
                 res = subprocess.run(argv, cwd=REPO if in_repo else work, capture_output=True, text=True,
-                                     timeout=RUN_LIMIT_S, env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": tmp, **env})
+                                     timeout=RUN_LIMIT_S,
+                                     env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": tmp, **env})
             except subprocess.TimeoutExpired as e:  # this command fails its test; the others still run
                 return cmd.text, (None, f"ran past {RUN_LIMIT_S} s: {(e.stdout or b'')[-2000:]!r}", [], None)
             run, result = registered(cmd), None

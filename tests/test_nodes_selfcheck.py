@@ -86,8 +86,9 @@ def patches(owner):
 def sample(model, check=None, topts=None, owner="toy", batch=2, separate=False, observers=(), lanes=None,
            cache_device=None):
     """Euler over SIGMAS with the model called through `check` (as hooks._apply_model does: begin_call, the call and,
-    with `lanes`, end_call), and the run's stats. `separate`: cond and uncond in calls of their own (ComfyUI does so when their
-    shapes or hooks differ), else batched in one; `lanes`: a list that gets the lane's state after every call."""
+    with `lanes`, end_call), and the run's stats. `separate`: cond and uncond in calls of their own (ComfyUI does so
+    when their shapes or hooks differ), else batched in one; `lanes`: a list that gets the lane's state after every
+    call."""
     run = RunState(lambda: ResidualCache(None, cache_device=cache_device, observers=observers), StepTracker(SIGMAS),
                    owner)
     run.selfcheck = check

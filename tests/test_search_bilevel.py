@@ -252,7 +252,8 @@ def test_larger_budget_continues_a_finished_search(tmp_path):
     lambda st: st.__setitem__("pending", [{"kind": "gp", "s": [1.0], "mask": st["history"][0]["mask"]}]),
     lambda st: st.__setitem__("pending", [{"kind": "grid", "s": [1.0, 2.0, 3.0], "mask": "1"}]),
     lambda st: st.__setitem__("pending", [{"kind": "magic", "s": [1.0, 2.0, 3.0], "mask": st["history"][0]["mask"]}]),
-    lambda st: st.__setitem__("pending", [{"kind": "polish", "s": None, "mask": st["history"][0]["mask"]}]),  # no parent
+    # no parent
+    lambda st: st.__setitem__("pending", [{"kind": "polish", "s": None, "mask": st["history"][0]["mask"]}]),
     lambda st: st["polish"].__setitem__("guard", "magic"),
     lambda st: st["polish"].__setitem__("incumbent", "01"),
     lambda st: st.pop("starts"),

@@ -99,7 +99,8 @@ def test_comfyui_mode_reports_a_dead_server_and_keeps_its_state_for_that_workflo
     assert "belongs to another search" in err and "another ComfyUI workflow" in err
     assert main(args + ["--workflow", str(paths["a"])]) == 2  # same workflow: resumed, and the server still down
     err = capsys.readouterr().err
-    assert "python -m gcache.reference_model.cluster: error: ComfyUI at http://127.0.0.1:" in err and "unreachable" in err
+    assert "python -m gcache.reference_model.cluster: error: ComfyUI at http://127.0.0.1:" in err
+    assert "unreachable" in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert "ray::" not in err  # the worker's own message, not Ray's wrapper with the remote traceback
 

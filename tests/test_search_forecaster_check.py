@@ -60,7 +60,8 @@ def test_pick_by_hand():
 
 
 def test_candidates_are_the_other_profile_fitted_forecasters(prof):
-    assert fitted_forecasters(prof, "fitted") == ["fitted", "l2p"] and fitted_forecasters(prof, "l2p") == ["l2p", "fitted"]
+    assert fitted_forecasters(prof, "fitted") == ["fitted", "l2p"]
+    assert fitted_forecasters(prof, "l2p") == ["l2p", "fitted"]
     assert fitted_forecasters(prof, "linear") == [] and fitted_forecasters(prof, "reuse") == []  # a fixed rule
     samples, times = trajectories()
     assert fitted_forecasters(profile_of(samples, times, forecast=False), "fitted") == ["fitted"]  # l2p can't fit

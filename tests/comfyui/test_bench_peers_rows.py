@@ -22,7 +22,8 @@ STEPS = 8
 @pytest.fixture(scope="module")
 def result():
     return peers.main(["--seeds", "1", "--steps", str(STEPS), "--families", "flux", "--targets", "2", "3",
-                       "--thresholds", "0.1", "0.5", "--easycache-as-is", "0.1", "--search-budget", "14"])["families"]["flux"]
+                       "--thresholds", "0.1", "0.5", "--easycache-as-is", "0.1", "--search-budget", "14"]
+                      )["families"]["flux"]
 
 
 def test_every_row_is_there_with_per_pair_values(result):

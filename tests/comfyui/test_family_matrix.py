@@ -1,11 +1,11 @@
 """Every family in ComfyUI's own model classes (tiny random weights), at cfg 1 and cfg > 1.
 
-For each family: the adapter chosen; all-ones bit-identical to the unpatched model; a K < N policy runs the
-block stack exactly K times per branch; on every skipped step the stack's output equals h + the true δ of the
-last computed step; Profile's E equals the E built from the true δ, and its run's self-check of the skip path
-passed, with the error it measured, far below the tolerance (the whole-model fallback: "not checked", its reason). The true δ is observed from outside GCache:
-a copy of the stack input made before GCache's first block patch sees it (the check that catches blocks that
-add into their input in place, LTXV and Chroma), and the image tokens of the last block's output.
+For each family: the adapter chosen; all-ones bit-identical to the unpatched model; a K < N policy runs the block stack
+exactly K times per branch; on every skipped step the stack's output equals h + the true δ of the last computed step;
+Profile's E equals the E built from the true δ, and its run's self-check of the skip path passed, with the error it
+measured, far below the tolerance (the whole-model fallback: "not checked", its reason). The true δ is observed from
+outside GCache: a copy of the stack input made before GCache's first block patch sees it (the check that catches blocks
+that add into their input in place, LTXV and Chroma), and the image tokens of the last block's output.
 """
 import pytest
 from conftest import COMFY, REASON
@@ -292,7 +292,8 @@ def test_family(name, cfg, unet_dir, tmp_path, caplog):
     assert ad.name == expected
     if expected == FALLBACK:
         assert "whole-model fallback" in caplog.text, caplog.text
-        if name in FAMILIES_033:  # a family GCache knows: the log gives the reason (nodes/patching/adapters.NOT_BY_BLOCKS)
+        # a family GCache knows: the log gives the reason (nodes/patching/adapters.NOT_BY_BLOCKS)
+        if name in FAMILIES_033:
             assert "cached as a whole model, not by blocks" in caplog.text, caplog.text
 
     # all ones: bit-identical to the unpatched model

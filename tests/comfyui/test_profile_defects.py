@@ -83,7 +83,8 @@ def test_auto_sets_a_defective_profile_aside_profiles_again_and_rebuilds_its_pol
     model = GCacheApply.execute(m, "(auto)", "model device", "remap", 2.0).result[0]
     ksample(model, pos, neg, lat)
     pol_path, prof_path = auto_files(gcache_dir)
-    assert Policy.load(str(pol_path)).provenance["auto"]["version"] == AUTO_VERSION and Profile.load(str(prof_path)).defect is None
+    assert Policy.load(str(pol_path)).provenance["auto"]["version"] == AUTO_VERSION
+    assert Profile.load(str(prof_path)).defect is None
     make_old(pol_path, prof_path)
     caplog.clear()
     with caplog.at_level("INFO", logger="gcache"), tm.BlockRuns(m) as runs:
