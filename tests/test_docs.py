@@ -44,7 +44,8 @@ README = os.path.join(REPO, "README.md")
 README_LIMIT = 10_000  # bytes (10 KB): the front door stays short; everything else goes to docs/
 SHELL_LANGS = {"bash", "sh", "shell", "console"}
 ALLOWED_TOOLS = {"cd", "git", "comfy", "bash", "grep", "cp", "mkdir"}  # beyond Python/pip: checked below
-VENV_TOOLS = {"ray": "cluster"}  # commands an extra installs into README's venv (.venv/bin/<tool>): the extra
+# commands an extra installs into README's venv (.venv/bin/<tool>): the extra
+VENV_TOOLS = {"ray": "cluster", "ruff": "test"}
 TEAM_WORDS = ("2-core", "dev machine", "development machine", "ci machine", "was lent", "no gpu was",
               "load average")  # the docs speak about the project, not the machines it was built on
 
