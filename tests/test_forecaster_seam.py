@@ -92,7 +92,7 @@ def test_a_forecaster_says_whether_it_can_fit_from_a_profile_as_its_fit_finds():
         return True
     answers = {}
     for kind, prof in _profiles().items():
-        for name in forecasters.names():
+        for name in sorted(NAMES):  # GCache's own (a bench's rivals, registered by other tests, have no DP)
             fc = forecasters.get(name)
             assert fc.can_fit(prof) == fit_runs(fc, prof) == can_fit(prof)(name), (kind, name)
             answers[kind, name] = fc.can_fit(prof)
