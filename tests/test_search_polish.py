@@ -331,6 +331,24 @@ def test_the_lowest_loss_wins_but_never_a_polish_move_the_guard_rejected():
     assert choose_under(st_, strict)["mask"] == "R" and choose(st_)[0]["mask"] == "R"
 
 
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), n_seeds=st.sampled_from([2, 4]), n=st.integers(1, 7))
+def test_the_choice_is_what_the_paired_rule_at_choice_z_chose(data, n_seeds, n):
+    """search/choice.py applies no test: on random states (starts, GP entries, accepted and rejected polish moves)
+    it returns what the rule loop it replaced returned under paired.CHOICE (kept for stricter rules in the bench).
+    Losses in eighths over 2 or 4 seeds: every mean is exact, so ties are ties for both (a mean that rounding puts
+    an ulp lower is lower for the choice and no gain for the paired test)."""
+    from gcache.bench.choice_regret import choose_under
+    losses = st.lists(st.sampled_from([0.125, 0.25, 0.5, 0.75, 1.0]), min_size=n_seeds, max_size=n_seeds)
+    masks = {f"m{i}": data.draw(losses) for i in range(n + 1)}
+    kinds = [("instant", "m0")] + [data.draw(st.sampled_from([("instant", f"m{i}"), ("gp", f"m{i}"),
+                                                              ("polish", f"m{i}", "m0", True),
+                                                              ("polish", f"m{i}", "m0", False)]))
+                                   for i in range(1, n + 1)]
+    state = _state(kinds, masks)
+    assert choose(state).entry["mask"] == choose_under(state, paired.CHOICE)["mask"]
+
+
 def test_a_searched_winner_without_per_seed_losses_of_two_seeds_is_unchecked():
     masks = {"A": [1.0], "G": [0.5]}
     st_ = _state([("instant", "A"), ("gp", "G")], masks)
