@@ -5,7 +5,8 @@ ComfyUI imports this folder as a package (under whatever name it was cloned as) 
 ComfyUI; `core/` and `search/` stay headless.
 """
 
-from .core.version import VERSION as __version__  # noqa: E402  (core/version.py imports nothing)
+from .core.version import VERSION as __version__  # noqa: E402, F401  (core/version.py imports nothing)
+
 WEB_DIRECTORY = "./web"  # web/gcache.js: the panel of background searches (ComfyUI serves it to its frontend)
 
 

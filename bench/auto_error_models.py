@@ -34,13 +34,20 @@ def main(argv=None) -> dict:
     ap.add_argument("--threads", type=whole(1), default=1)
     a = ap.parse_args(argv)
     import numpy as np
-    from ..reference_model.harness import ReferenceHarness
-    from ..search.infra.cli import parse_seeds, set_threads
+
     from ..core import forecasters
+    from ..reference_model.harness import ReferenceHarness
     from ..search import error_models
-    from ..search.instant import (_bound, auto_candidates, auto_error_model, choose_forecaster, instant_policy,
-                                  propagation_weights)
+    from ..search.infra.cli import parse_seeds, set_threads
     from ..search.infra.objectives import psnr
+    from ..search.instant import (
+        _bound,
+        auto_candidates,
+        auto_error_model,
+        choose_forecaster,
+        instant_policy,
+        propagation_weights,
+    )
     from .quality import ks_of
     set_threads(a.threads)
     seeds = parse_seeds(a.eval_seeds)

@@ -44,14 +44,14 @@ def main(argv=None) -> dict:
                    '.venv/bin/pip install -e ".[cluster]" from the repository root)')
     import ray
     import torch
+
     from ..reference_model.cluster import ReferenceWorker
     from ..reference_model.harness import ReferenceHarness
-    from ..search.loop import run_search
     from ..search.config import SearchConfig
     from ..search.infra.cli import parse_seeds
-    from ..search.infra.ray_executor import RayExecutor
     from ..search.infra.objectives import make_objective, psnr
-    from ..search.loop import run_batch_search
+    from ..search.infra.ray_executor import RayExecutor
+    from ..search.loop import run_batch_search, run_search
     torch.set_num_threads(1)
     seeds, held, gp_seeds = parse_seeds(a.search_seeds), parse_seeds(a.eval_seeds), parse_seeds(a.gp_seeds)
     h = ReferenceHarness(a.steps)
@@ -115,9 +115,9 @@ def main(argv=None) -> dict:
         print(f"GP seed {p['gp_seed']}: sequential {p['held_out_psnr_sequential']:.2f} dB, 2 workers "
               f"{p['held_out_psnr_2_workers']:.2f} dB; 1 worker {p['wall_s']['1_worker']:.1f} s, 2 workers "
               f"{p['wall_s']['2_workers']:.1f} s")
-    print(f"budget {a.budget}, N = {a.steps}, K = {a.k}, {len(gp_seeds)} GP seeds: 2 workers {out['speedup_2_workers']:.2f}x "
-          f"faster (median); held-out PSNR mean sequential {q_seq:.2f} dB, 2 workers {q_par:.2f} dB "
-          f"(difference {q_par - q_seq:+.2f} ± {se or 0:.2f} dB)")
+    print(f"budget {a.budget}, N = {a.steps}, K = {a.k}, {len(gp_seeds)} GP seeds: 2 workers "
+          f"{out['speedup_2_workers']:.2f}x faster (median); held-out PSNR mean sequential {q_seq:.2f} dB, 2 workers "
+          f"{q_par:.2f} dB (difference {q_par - q_seq:+.2f} ± {se or 0:.2f} dB)")
     print(json.dumps(out))
     return out
 

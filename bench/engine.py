@@ -1,11 +1,12 @@
 """Engine cost on the reference DiT: all-ones overhead, speed-up at K = N/2 against the ideal, Profile memory.
 
-    python -m gcache.bench.engine [--steps 30 50] [--batch 8] [--repeats 7] [--threads 1]   # about 1 min; --repeats 15: 3
+    python -m gcache.bench.engine [--steps 30 50] [--batch 8] [--repeats 7] [--threads 1]
+    # about 1 min; --repeats 15: 3
 
 Whole sampling runs of N steps, timed side by side in one process after warm-up, variants interleaved
-(plain, all-ones, K = N/2, blocks skipped entirely; shuffled every repetition) so that drift on a shared machine hits all alike;
-medians of `--repeats` (ratios: median of the per-repetition ratios). T = plain time / N; T_io = time with the block stack replaced by the identity / N
-(a step without the block stack); ideal = N·T / (K·T + (N − K)·T_io).
+(plain, all-ones, K = N/2, blocks skipped entirely; shuffled every repetition) so that drift on a shared machine hits
+all alike; medians of `--repeats` (ratios: median of the per-repetition ratios). T = plain time / N; T_io = time with
+the block stack replaced by the identity / N (a step without the block stack); ideal = N·T / (K·T + (N − K)·T_io).
 The last line is one JSON object; its top-level figures are the worst over the step counts measured
 (largest overhead, smallest speed-up ratio), per-N figures are under "by_n".
 """

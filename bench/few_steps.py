@@ -42,8 +42,8 @@ def main(argv=None) -> dict:
     from ..core.policy import k_for_speedup
     from ..reference_model.harness import ReferenceHarness
     from ..search.infra.cli import parse_seeds, set_threads
-    from ..search.instant import FEW_STEPS, auto_policy, choose_forecaster, instant_policy
     from ..search.infra.objectives import psnr
+    from ..search.instant import FEW_STEPS, auto_policy, choose_forecaster, instant_policy
     set_threads(a.threads)
     seeds = parse_seeds(a.eval_seeds)
     out = {"speedups": a.speedups, "few_steps_rule": FEW_STEPS, "rows": [], "pays_from": {}}

@@ -35,8 +35,8 @@ def main(argv=None, harness_factory=None) -> dict:
     a = ap.parse_args(argv)
     check_ks(ap, a)
     from ..search import end_game
-    from ..search.loop import run_search
     from ..search.config import SearchConfig
+    from ..search.loop import run_search
     from ..search.state import forecaster_of, mask_of
     setup = FittedSetup(a, harness_factory)
     profile, evaluate, held_out, gp_seeds = setup.profile, setup.evaluate, setup.held_out, setup.gp_seeds
@@ -54,7 +54,8 @@ def main(argv=None, harness_factory=None) -> dict:
             base, mask = forecaster_of(key, own), mask_of(key)  # a candidate may be another forecaster's mask
             psnrs = {base: held_out(mask, base), **{n: held_out(mask, n) for n in checked["results"]}}
             run = {"K": k, "gp_seed": g, "searched_with": base, "psnr": psnrs,
-                   "loss": {base: res.state.masks[key]["loss"], **{n: r["loss"] for n, r in checked["results"].items()}},
+                   "loss": {base: res.state.masks[key]["loss"],
+                            **{n: r["loss"] for n, r in checked["results"].items()}},
                    "picks": {}}
             for rule, judge in rules().items():
                 pick = end_game.pick(res.state.masks[key], checked["results"], g, judge) or base
@@ -71,8 +72,9 @@ def main(argv=None, harness_factory=None) -> dict:
         out["rules"][rule] = {"median_gain_db": round(statistics.median(gains), 3), "worst_gain_db": min(gains),
                               "switched": sum(r["picks"][rule]["forecaster"] != r["searched_with"] for r in runs),
                               "median_gain_db_per_k": per_k}
-        print(f"rule {rule}: held-out gain over keeping the candidate's forecaster: median {statistics.median(gains):+.2f} dB, worst "
-              f"{min(gains):+.2f} dB, switched in {out['rules'][rule]['switched']} of {len(runs)}; per K (median) " +
+        print(f"rule {rule}: held-out gain over keeping the candidate's forecaster: median "
+              f"{statistics.median(gains):+.2f} dB, worst {min(gains):+.2f} dB, switched in "
+              f"{out['rules'][rule]['switched']} of {len(runs)}; per K (median) " +
               ", ".join(f"K={k}: {v:+.2f}" for k, v in per_k.items()), flush=True)
     print(json.dumps(out))
     return out

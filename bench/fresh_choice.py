@@ -59,7 +59,8 @@ def main(argv=None, harness_factory=None) -> dict:
                     keys = [key for key in fresh.finalists if key in fresh.losses]
                     psnr = {key: setup.held_out(key) for key in keys}
                     best = max(psnr.values())
-                    run["finalists"] = [{"key": key, "fresh_loss": fresh.losses[key], "psnr": psnr[key]} for key in keys]
+                    run["finalists"] = [{"key": key, "fresh_loss": fresh.losses[key], "psnr": psnr[key]}
+                                        for key in keys]
                     for name, rule in compared.items():
                         won = end_game.fresh_winner(res.state.fresh, keys, g, rule)
                         run["picks"][name] = {"key": won, "regret_db": round(best - psnr[won], 3)}

@@ -38,8 +38,8 @@ def main(argv=None, harness_factory=None) -> dict:
     from ..reference_model.harness import ReferenceHarness
     from ..search.baselines import uniform_mask
     from ..search.infra.cli import parse_seeds, set_threads
-    from ..search.instant import instant_policy
     from ..search.infra.objectives import psnr
+    from ..search.instant import instant_policy
     from .rivals import l2p_params, trajectory_gram
 
     class L2PProfileAll(L2P):  # the same fit over every computed residual before a skipped step

@@ -43,7 +43,8 @@ FIRST_BLOCK = {"flux": "double_blocks.0", "wan": "blocks.0"}
 
 def main(argv=None) -> dict:
     ap = BenchParser("gcache.bench.peers", __doc__)
-    ap.add_argument("--seeds", type=whole(1), default=16, help="held-out seed x prompt pairs (seed s, prompt s mod classes)")
+    ap.add_argument("--seeds", type=whole(1), default=16, help="held-out seed x prompt pairs (seed s, prompt s mod "
+                                                               "classes)")
     ap.add_argument("--steps", type=whole(4), default=20)
     ap.add_argument("--families", nargs="+", default=["flux", "wan"], choices=("flux", "wan"))
     ap.add_argument("--targets", nargs="+", type=float, default=list(TARGETS))
@@ -61,6 +62,7 @@ def main(argv=None) -> dict:
         ap.error(f"--thresholds {' '.join(f'{t:g}' for t in a.thresholds)}: a cache threshold is above 0")
     require_comfyui(ap)
     import torch
+
     from ..comfy_models import families
     families.use_comfyui()
     torch.set_num_threads(1)
@@ -77,6 +79,7 @@ def main(argv=None) -> dict:
 
 def _nodes():
     from comfy_extras.nodes_easycache import EasyCacheNode, LazyCacheNode
+
     from ..nodes.apply_node import GCacheApply
     return GCacheApply, EasyCacheNode, LazyCacheNode
 
@@ -111,8 +114,9 @@ def input_copied(patcher):
 
 def family_rows(a, family, progress) -> dict:
     import folder_paths
-    import nodes as comfy_nodes
     import torch
+
+    import nodes as comfy_nodes
 
     from ..comfy_models import data
     from ..comfy_models.families import comfy_cond, load
@@ -177,7 +181,8 @@ def family_rows(a, family, progress) -> dict:
     copied = input_copied(m)
     for peer, node in (("EasyCache", EasyCacheNode), ("LazyCache", LazyCacheNode)):
         for thr in a.thresholds:
-            rows.append(row(lambda: node.execute(copied if peer == "EasyCache" else m, thr, 0.15, 0.95, False).result[0],
+            rows.append(row(lambda: node.execute(copied if peer == "EasyCache" else m, thr, 0.15, 0.95,
+                                                 False).result[0],
                             f"{peer} {thr:g}", kind=peer, threshold=thr))
     if a.easycache_as_is is not None:  # EasyCache on the float32 model as it is: its in-place add hits x itself
         thr = a.easycache_as_is
@@ -214,14 +219,15 @@ def search_rows(a, family, m, gdir, rows, row) -> list:
     """GCache Search (the node) at each auto row's K, with auto's saved profile and its policy's forecaster, then
     applied through GCache Apply with the policy connected. Its files go to a folder of their own, so that auto's
     rows above never saw them."""
+    import folder_paths
     import torch
+
+    from ..comfy_models.families import comfy_cond
     from ..core import forecasters
     from ..core.policy import Policy
     from ..core.profile import Profile
     from ..nodes.apply_node import GCacheApply
     from ..nodes.search_node import GCacheSearch
-    from ..comfy_models.families import comfy_cond
-    import folder_paths
     s = SETTINGS[family.name]
     profile = Profile.load(next(os.path.join(gdir, f) for f in os.listdir(gdir) if f.endswith(".profile.safetensors")))
     out = []

@@ -37,8 +37,8 @@ def main(argv=None, harness_factory=None) -> dict:
     import numpy as np
 
     from ..core import forecasters
-    from ..search.loop import run_search
     from ..search.config import SearchConfig
+    from ..search.loop import run_search
     from ..search.paired import HALVES
     from ..search.polish import moves
     setup = FittedSetup(a, harness_factory)

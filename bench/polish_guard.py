@@ -26,8 +26,8 @@ def main(argv=None, harness_factory=None) -> dict:
     add_arguments(ap)
     a = ap.parse_args(argv)
     check_ks(ap, a)
-    from ..search.loop import run_search
     from ..search.config import SearchConfig
+    from ..search.loop import run_search
     from ..search.paired import GUARDS
     setup = FittedSetup(a, harness_factory)
     profile, evaluate, gp_seeds = setup.profile, setup.evaluate, setup.gp_seeds

@@ -43,10 +43,10 @@ def main(argv=None) -> dict:
         ap.error(f"--forecast {a.forecast}: one of {', '.join(registry.names())}")
     from ..core import forecasters
     from ..reference_model.harness import ReferenceHarness
-    from ..search.loop import run_search
-    from ..search.infra.cli import parse_seeds, set_threads
     from ..search.config import SearchConfig
+    from ..search.infra.cli import parse_seeds, set_threads
     from ..search.infra.objectives import make_objective, psnr
+    from ..search.loop import run_search
     set_threads(a.threads)
     t0 = time.time()
     h = ReferenceHarness(a.steps)

@@ -146,6 +146,7 @@ def gp_timing(n: int, dim: int = 4, iters: int = 10) -> dict:
     S = rng.random((n + iters, dim)) * 10
     y = np.round(((S - 3) ** 2).sum(1) / 100, 2) + 0.01 * rng.standard_normal(n + iters)  # piecewise flat, like masks
     from sklearn.gaussian_process import GaussianProcessRegressor
+
     from ..search.gp import _kernel
     gp = GPLCB(dim, 0.0, 10.0, seed=0, cold_every=0)
     t0 = time.perf_counter()  # the plain way: sklearn's default optimizer with 2 restarts, every iteration
@@ -166,7 +167,8 @@ def gp_timing(n: int, dim: int = 4, iters: int = 10) -> dict:
         fits.append(t1 - t0)
         acqs.append(time.perf_counter() - t1)
     steps = [f + a for f, a in zip(fits, acqs)]
-    return {"n": n, "plain_refit_restarts2_s": round(plain, 3), "cold_fit_s": round(cold, 3), "step_median_s": round(statistics.median(steps), 3),
+    return {"n": n, "plain_refit_restarts2_s": round(plain, 3), "cold_fit_s": round(cold, 3),
+            "step_median_s": round(statistics.median(steps), 3),
             "step_mean_s": round(statistics.mean(steps), 3), "fit_max_s": round(max(fits), 3),
             "acq_median_s": round(statistics.median(acqs), 3)}
 
@@ -175,10 +177,10 @@ def run_n(n_steps, args, objective, lpips_net, harness_factory=None) -> dict:
     from ..core import forecasters
     from ..reference_model.harness import ReferenceHarness
     from ..search.baselines import all_baselines, uniform_mask
-    from ..search.loop import run_search
-    from ..search.infra.cli import parse_seeds
     from ..search.config import SearchConfig
+    from ..search.infra.cli import parse_seeds
     from ..search.instant import auto_policy, choose_forecaster, instant_policy
+    from ..search.loop import run_search
     from .rivals import l2p_params, trajectory_gram
     h = harness_factory(n_steps) if harness_factory else ReferenceHarness(n_steps)
     search_seeds, eval_seeds, gp_seeds = (parse_seeds(v) for v in (args.search_seeds, args.eval_seeds, args.gp_seeds))
@@ -321,7 +323,8 @@ def report(out: dict, objective_name: str, lpips: bool) -> dict:
         fitted_on = {"uniform": at_k["fitted_uniform"], "gcache_mask": at_k["gcache_forecast_unchecked"]}
         for rv in RIVALS:
             for where in ("uniform", "gcache_mask"):
-                rivals.setdefault(rv, {}).setdefault(where, {})[str(k)] = round(at_k[f"{rv}_{where}"] - fitted_on[where], 3)
+                rivals.setdefault(rv, {}).setdefault(where, {})[str(k)] = round(
+                    at_k[f"{rv}_{where}"] - fitted_on[where], 3)
     third = str(min(k for k in out["ks"] if k >= n // 3))
     print("polish: forecast search with − without polish, held-out PSNR dB per K (median over GP seeds " +
           ", ".join(map(str, sorted(next(iter(out["polish_runs"].values()))))) + "): " +
@@ -332,7 +335,8 @@ def report(out: dict, objective_name: str, lpips: bool) -> dict:
                                        for g, r in runs.items()))
     print("forecast (auto's forecaster, searched) − reuse (searched), held-out PSNR dB per K: " +
           ", ".join(f"K={k}: {v:+.2f}" for k, v in gain.items()))
-    print("instant, one batch: auto's forecaster − reuse: " + ", ".join(f"K={k}: {v:+.2f}" for k, v in inst_gain.items())
+    print("instant, one batch: auto's forecaster − reuse: "
+          + ", ".join(f"K={k}: {v:+.2f}" for k, v in inst_gain.items())
           + "; fitted − linear: " + ", ".join(f"K={k}: {v:+.2f}" for k, v in fit_gain.items())
           + "; auto picked " + ", ".join(f"K={k}: {v}" for k, v in out["auto_forecaster"].items()))
     print("GCache (reuse search) − best other reusing method, held-out PSNR dB per K: " +
@@ -349,7 +353,8 @@ def report(out: dict, objective_name: str, lpips: bool) -> dict:
                                                     f"{' (replaced the pick)' if c['fresh_replaced'] else ''}"
                                                     for c in cost)
           + "; least budget " + ", ".join(f"{fc}: {v['with_other_forecasters']} (own start masks only: "
-                                                   f"{v['own_start_masks_only']})" for fc, v in out["budget_floor"].items()))
+                                                   f"{v['own_start_masks_only']})"
+                                                   for fc, v in out["budget_floor"].items()))
     gp_end = [c["gp_s_per_iter_end"] for c in cost if c["gp_s_per_iter_end"] is not None]
     return {"N": n, "rows": [{"K": r["K"], "method": r["method"], "psnr": round(r["psnr"], 3),
                               "ssim": round(r["ssim"], 4), **({"lpips": round(r["lpips"], 4)} if lpips else {}),
@@ -360,7 +365,8 @@ def report(out: dict, objective_name: str, lpips: bool) -> dict:
             "polish_gain_db": polish,
             "polish_runs": {str(k): {str(g): r for g, r in v.items()} for k, v in out["polish_runs"].items()},
             "rival_minus_fitted_db": rivals,
-            "forecast_gain_db_at_third": gain[third], "forecast_min_gain_db": min(gain.values()), "forecast_gain_db": gain,
+            "forecast_gain_db_at_third": gain[third], "forecast_min_gain_db": min(gain.values()),
+            "forecast_gain_db": gain,
             "instant_forecast_minus_reuse_db": inst_gain, "fitted_minus_linear_db": fit_gain,
             "auto_forecaster": {str(k): v for k, v in out["auto_forecaster"].items()},
             "evaluations": sum(c["evaluations"] for c in cost),
@@ -396,7 +402,7 @@ def main(argv=None, harness_factory=None) -> dict:
     minutes = 20 * (a.budget or (48 if a.quick else 64)) / 48 * len([30] if a.quick else a.steps)
     a.progress = lambda total, what: Progress(total, what, expected_s=60 * minutes / max(1, len(a.steps)))
     from ..search.infra.cli import set_threads
-    from ..search.infra.objectives import lpips_available, load_lpips, make_objective
+    from ..search.infra.objectives import load_lpips, lpips_available, make_objective
     set_threads(a.threads)
     if a.quick:
         a.steps = [30]

@@ -41,8 +41,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def core_at(rev: str):
     """core/ as it was at `rev`, imported as a package of its own (core/ imports nothing outside itself). Its
-    recorder is in core/recorder.py since the profile statistics got files of their own, in core/profile.py before. Every
-    module of it is imported before the extracted folder is removed: nothing is left in the temp folder."""
+    recorder is in core/recorder.py since the profile statistics got files of their own, in core/profile.py before.
+    Every module of it is imported before the extracted folder is removed: nothing is left in the temp folder."""
     archive = subprocess.run(["git", "-C", REPO, "archive", "--format=tar", rev, "core"], check=True,
                              capture_output=True).stdout
     name = "_gcache_core_at_" + "".join(ch if ch.isalnum() else "_" for ch in rev)[:40]
@@ -136,7 +136,8 @@ def op_counts(mod, n: int, hs, ds, forecast: bool) -> dict:
 
 def ops_row(elems: int, dtype, forecast: bool, old: dict, new: dict) -> dict:
     """The two recorders' operation counts side by side (printed), and the operations whose counts differ."""
-    diff = {op: (old.get(op, 0), new.get(op, 0)) for op in sorted(set(old) | set(new)) if old.get(op, 0) != new.get(op, 0)}
+    diff = {op: (old.get(op, 0), new.get(op, 0)) for op in sorted(set(old) | set(new))
+            if old.get(op, 0) != new.get(op, 0)}
     row = {"elems": elems, "dtype": str(dtype).replace("torch.", ""), "forecast": forecast,
            "old_ops": sum(old.values()), "new_ops": sum(new.values()), "differ": diff}
     print(f"m={elems:8d} {row['dtype']:8s} forecast={forecast!s:5s}: old {row['old_ops']} torch operations, new "
@@ -219,7 +220,8 @@ def main(argv=None):
                 row = {"elems": elems, "dtype": str(dtype).replace("torch.", ""), "forecast": forecast,
                        "old_ms": round(statistics.median(t["old"]) * 1e3, 3),
                        "new_ms": round(statistics.median(t["new"]) * 1e3, 3),
-                       "spread_new_ms": round((max(t["new"]) - min(t["new"])) * 1e3, 3), "new_over_old": round(ratio, 3)}
+                       "spread_new_ms": round((max(t["new"]) - min(t["new"])) * 1e3, 3),
+                       "new_over_old": round(ratio, 3)}
                 rows.append(row)
                 progress.step(f"m={elems:8d} {row['dtype']:8s} forecast={forecast!s:5s}: old {row['old_ms']:8.3f} "
                               f"ms/step, new {row['new_ms']:8.3f} ms/step (spread {row['spread_new_ms']:.3f}), new/old "

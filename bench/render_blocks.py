@@ -58,9 +58,16 @@ def readme_demo_caption(results) -> str:
     return (f"\n*The bundled reference model (a small class-conditional DiT trained on digits), {len(m['eval_seeds'])} "
             f"held-out seeds: every step computed (top) vs GCache computing {k} of {n} steps (bottom). PSNR "
             f"{num(m['psnr'], '.2f')} dB against full compute; {num(m['measured_speedup'], '.2f')}× faster (median of "
-            f"{pairs.group(1) if pairs else 'the'} alternating full/GCache run pairs, {num(lo, '.2f')}–{num(hi, '.2f')}×) "
-            f"where {num(m['predicted_speedup'], '.2f')}× was predicted ({num(plo, '.2f')}–{num(phi, '.2f')}×), on "
-            f"{machine(rec)}, {str(rec['date'])[:10]}: what the demo above prints and draws.*\n")
+            f"{pairs.group(1) if pairs else 'the'} alternating full/GCache run pairs, "
+            f"{num(lo, '.2f')}–{num(hi, '.2f')}×) where {num(m['predicted_speedup'], '.2f')}× was predicted "
+            f"({num(plo, '.2f')}–{num(phi, '.2f')}×), on {machine(rec)}, {str(rec['date'])[:10]}: what the demo above "
+            "prints and draws.*\n")
+
+
+def paired_fresh_z() -> float:
+    """The search's own margin on the fresh seeds (the rule the stored result names z=<it>)."""
+    from ..search.paired import FRESH_Z
+    return FRESH_Z
 
 
 @block("fresh_choice.prose")
@@ -73,9 +80,16 @@ def fresh_choice_prose(results) -> str:
         r = rules[name]
         return (f"{name}: mean {num(r['mean_regret_db'], '.2f')}, worst {num(r['worst_regret_db'], '.2f')} dB, "
                 f"{r['replaced']} replacements")
+    ours, runs = f"z={paired_fresh_z():g}", [r for r in res["runs"] if r.get("picks")]
+
+    def against(name):  # the search's rule against another, search by search (a tie: the same regret)
+        d = [r["picks"][ours]["regret_db"] - r["picks"][name]["regret_db"] for r in runs]
+        return (f"{name}: better in {sum(v < 0 for v in d)}, worse in {sum(v > 0 for v in d)}, tied in "
+                f"{sum(v == 0 for v in d)}")
     return (f"over {res['searches']} searches (budget {res['budget']}, {len(res['seed_sets'])} sets of search seeds, "
             f"GP seeds {joined(res['gp_seeds'], sep=', ')}), the held-out regret against the best finalist was "
-            + "; ".join(one(n) for n in rules))
+            + "; ".join(one(n) for n in rules)
+            + f" (the search's {ours} against " + "; ".join(against(n) for n in rules if n != ours) + ")")
 
 
 @block("readme.peers_caption")
@@ -105,10 +119,11 @@ def readme_io_example(results) -> str:
     mask = results("demo")["policy"]["mask"]
     n, k = len(mask), sum(mask)
     r = m["io_share"]
-    return (f"In the headless demo ([below](#try-it-without-comfyui)) N = {n}, K = {k} and the io share measured while profiling, {num(r, '.3f')}, give "
-            f"{n} / ({k} + {n - k} × {num(r, '.3f')}) = {num(n / (k + (n - k) * r), '.2f')}× rather than {n} / {k} = "
-            f"{num(n / k, '.2f')}×; a real model at a real size has a smaller io share (Flux-dev at 1024² on a GPU: "
-            f"{gpu_io_share(results, 'flux')}, [benchmarks](docs/benchmarks.md#speed-and-memory)).")
+    return (f"In the headless demo ([below](#try-it-without-comfyui)) N = {n}, K = {k} and the io share measured while "
+            f"profiling, {num(r, '.3f')}, give {n} / ({k} + {n - k} × {num(r, '.3f')}) = "
+            f"{num(n / (k + (n - k) * r), '.2f')}× rather than {n} / {k} = {num(n / k, '.2f')}×; a real model at a "
+            f"real size has a smaller io share (Flux-dev at 1024² on a GPU: {gpu_io_share(results, 'flux')}, "
+            "[benchmarks](docs/benchmarks.md#speed-and-memory)).")
 
 
 def gpu_io_share(results, model: str) -> str:
@@ -131,8 +146,8 @@ def nodes_predicted(results) -> str:
 @block("nodes.wan_memory")
 def nodes_wan_memory(results) -> str:
     row = next(r for r in results("memory_formula")["memory_formula"] if r["model"] == "wan" and r["N"] == 50)
-    return (f"{num(row['profile']['total'] / GIB, '.2f')} GiB instead of {num(row['profile_unsampled']['total'] / GIB, '.2f')} "
-            "GiB")
+    return (f"{num(row['profile']['total'] / GIB, '.2f')} GiB instead of "
+            f"{num(row['profile_unsampled']['total'] / GIB, '.2f')} GiB")
 
 
 # ------------------------------------------------------------------------------------------------ benchmarks.md
@@ -150,7 +165,8 @@ SCRIPTS = [  # script, what it measures, its run in bench/runs.py (or its durati
      ""),
     ("bench/polish_guard.py", "which polish moves the search keeps", "polish_guard_48", ""),
     ("bench/forecaster_check.py", "when the search's forecaster check switches forecaster", "forecaster_check", ""),
-    ("bench/fresh_choice.py", "how clearly a finalist must beat the search's pick on fresh seeds to replace it", 30, ""),
+    ("bench/fresh_choice.py", "how clearly a finalist must beat the search's pick on fresh seeds to replace it", 30,
+     ""),
     ("bench/polish_split.py", "the share of the budget the polish stage gets", 50, ""),
     ("bench/polish_ceiling.py", "what any polish move could gain from the searched mask", 6, ""),
     ("bench/cluster.py", "the search on 2 Ray workers against the sequential search: speed and quality", "cluster_64",
@@ -375,7 +391,8 @@ def quality_bullets(results) -> str:
     lines = [f"Auto applies its forecaster on the reuse DP's mask: {span(over_own, '+.2f')} dB over fitted on its own "
              f"DP mask here, and across N = 20, 30, 50 ([forecasting](forecasting.md#how-auto-chooses)) "
              f"{auto_error_models_prose(results)}."]
-    polish = f"The search's polish stage (JSON `polish_gain_db`, median over 3 GP seeds): {per_k(res['polish_gain_db'])} " \
+    polish = f"The search's polish stage (JSON `polish_gain_db`, median over 3 GP seeds): " \
+             f"{per_k(res['polish_gain_db'])} " \
              f"dB at K = {k_list(results)}"
     if "polish_runs" in res:
         worst = min(r["polish"]["psnr"] - r["nopolish"]["psnr"] for runs in res["polish_runs"].values()
@@ -383,7 +400,8 @@ def quality_bullets(results) -> str:
         polish += f"; the lowest single search's gain was {num(worst, '+.2f')} dB"
     g64 = results("polish_guard_64")["median_gain_db"]["z"]
     lines.append(polish + f". At the default budget 64 (`bench/polish_guard.py --budget 64`): {per_k(g64)} dB.")
-    switched = [k for k in kk if rows[(k, "gcache_forecast")].get("forecaster") not in (None, res["auto_forecaster"][str(k)])]
+    switched = [k for k in kk
+                if rows[(k, "gcache_forecast")].get("forecaster") not in (None, res["auto_forecaster"][str(k)])]
     if switched:
         lines.append(f"The forecaster check or the final choice on fresh seeds moved the searched policy to another "
                      f"forecaster at K = "
@@ -404,7 +422,8 @@ def quality_bullets(results) -> str:
         str(c["start_masks"]) for c in cost.values()) + " start masks under another forecaster, and " + " / ".join(
         str(c["check_evaluations"]) for c in cost.values()) + " forecaster-check evaluations and " + " / ".join(
         str(c.get("fresh_evaluations", 0)) for c in cost.values()) + " evaluations on the fresh seeds (beside their "
-        "full-compute runs) after the budget, at K = " + k_list(results) + "; the least budget at degree 3 is " + ", ".join(
+        "full-compute runs) after the budget, at K = " + k_list(results) + "; the least budget at degree 3 is "
+        + ", ".join(
             f"{v['with_other_forecasters']} for {fc} ({v['own_start_masks_only']} with its own start masks only)"
             for fc, v in floor.items()) + ".")
     lines.append(f"Reuse search − best other reusing method: {per_k(res['search_minus_best_other_psnr'])} dB (JSON "
@@ -416,12 +435,13 @@ def quality_bullets(results) -> str:
         spec = [v for where in riv.get("spectrum", {}).values() for v in where.values()]
         l2p_all = [v for where in riv.get("l2p_all", {}).values() for v in where.values()]
         lines.append(f"Today's rivals as rows (`bench/rivals.py`), minus fitted on the same mask (JSON "
-                     f"`rival_minus_fitted_db`): a Spectrum-like Chebyshev forecaster {span(spec, '+.2f')} dB, L2P-like "
-                     f"least squares over every computed residual {span(l2p_all, '+.2f')} dB (GCache's `l2p` is its "
-                     "variant over the last four).")
+                     f"`rival_minus_fitted_db`): a Spectrum-like Chebyshev forecaster {span(spec, '+.2f')} dB, "
+                     f"L2P-like least squares over every computed residual {span(l2p_all, '+.2f')} dB (GCache's `l2p` "
+                     "is its variant over the last four).")
     dp = results("dp_speed")
-    lines.append(f"GCache Policy's DP is instant (`bench/dp_speed.py`, {str(results.record('dp_speed')['date'])[:10]}): "
-                 f"a median {dp_reuse(results)} ms at N = {' / '.join(dp['reuse'])} (reuse, K = N/3).")
+    lines.append("GCache Policy's DP is instant (`bench/dp_speed.py`, "
+                 f"{str(results.record('dp_speed')['date'])[:10]}): a median {dp_reuse(results)} ms at N = "
+                 f"{' / '.join(dp['reuse'])} (reuse, K = N/3).")
     return "\n" + "\n".join(wrap_bullet(t) for t in lines) + "\n"
 
 
@@ -472,7 +492,8 @@ def forecast_bullets(results) -> str:
     over_own = [rows[(k, "instant_auto")]["psnr"] - rows[(k, "instant_fitted")]["psnr"] for k in kk
                 if res["auto_forecaster"][str(k)] == "fitted"]
     lines = [f"Auto picked {' and '.join(picks)} here; its instant policy is "
-             f"{per_k(res['instant_forecast_minus_reuse_db'])} dB over the instant reuse policy at K = {k_list(results)}"
+             f"{per_k(res['instant_forecast_minus_reuse_db'])} dB over the instant reuse policy at K = "
+             f"{k_list(results)}"
              + (f", and {span(over_own, '+.2f')} dB over fitted on its own DP's mask." if over_own else "."),
              f"Fitted is {per_k(res['fitted_minus_linear_db'])} dB over linear on their own DP masks.",
              f"A search with forecasting on is {per_k(res['forecast_gain_db'], '+.1f')} dB over the reuse search."]
@@ -494,10 +515,10 @@ def search_gains(results) -> str:
     k0 = kk[0]
     return (f"with auto's forecaster (and its forecaster check's pick) the search's policy was "
             f"{joined(gain.values(), '+.2f')} dB over auto's instant policy at K = {k_list(results)} of 30 "
-            f"({num(rows[(k0, 'gcache_forecast')]['psnr'], '.2f')} against {num(rows[(k0, 'instant_auto')]['psnr'], '.2f')} dB "
-            f"at K = {k0}), its polish stage {per_k(res['polish_gain_db'])} dB of that (median over 3 GP seeds); "
-            f"with reuse the search was {per_k(res['search_minus_best_other_psnr'])} dB over the best other reusing "
-            "method.")
+            f"({num(rows[(k0, 'gcache_forecast')]['psnr'], '.2f')} against "
+            f"{num(rows[(k0, 'instant_auto')]['psnr'], '.2f')} dB at K = {k0}), its polish stage "
+            f"{per_k(res['polish_gain_db'])} dB of that (median over 3 GP seeds); with reuse the search was "
+            f"{per_k(res['search_minus_best_other_psnr'])} dB over the best other reusing method.")
 
 
 # ------------------------------------------------------------------------------------------------ search's choices
@@ -509,10 +530,11 @@ def polish_guard_table(results) -> str:
         rows.append((guard, per_k(r48["median_gain_db"][guard]), per_k(r64["median_gain_db"][guard])))
     kk = " / ".join(r48["median_gain_db"][next(iter(r48["median_gain_db"]))])
     return table(["guard", f"budget 48: K = {kk}", "budget 64"], rows) + (
-        f"\nMedian over GP seeds of polish − no polish, held-out dB ({str(results.record('polish_guard_48')['date'])[:10]}). "
-        f"z − halves, search by search: budget 48 better in {r48['z_vs_halves']['better']}, worse in "
-        f"{r48['z_vs_halves']['worse']}, same in {r48['z_vs_halves']['same']}; budget 64 better in "
-        f"{r64['z_vs_halves']['better']}, worse in {r64['z_vs_halves']['worse']}, same in {r64['z_vs_halves']['same']}.\n")
+        "\nMedian over GP seeds of polish − no polish, held-out dB "
+        f"({str(results.record('polish_guard_48')['date'])[:10]}). z − halves, search by search: budget 48 better in "
+        f"{r48['z_vs_halves']['better']}, worse in {r48['z_vs_halves']['worse']}, same in "
+        f"{r48['z_vs_halves']['same']}; budget 64 better in {r64['z_vs_halves']['better']}, worse in "
+        f"{r64['z_vs_halves']['worse']}, same in {r64['z_vs_halves']['same']}.\n")
 
 
 @block("polish_guard.prose")
@@ -520,10 +542,12 @@ def polish_guard_prose(results) -> str:
     r48, r64 = results("polish_guard_48"), results("polish_guard_64")
     better = r48["z_vs_halves"]["better"] + r64["z_vs_halves"]["better"]
     worse = r48["z_vs_halves"]["worse"] + r64["z_vs_halves"]["worse"]
-    total = sum(r48["z_vs_halves"].get(k, 0) + r64["z_vs_halves"].get(k, 0) for k in ("better", "worse", "same"))
+    same = r48["z_vs_halves"]["same"] + r64["z_vs_halves"]["same"]
+    worst = min(r48["z_vs_halves"]["worst_db"], r64["z_vs_halves"]["worst_db"])
     z, h = r48["median_gain_db"]["z"], r48["median_gain_db"]["halves"]
     k = max(z, key=lambda kk: (abs(z[kk] - h[kk]), -int(kk)))  # the K where the two guards differ most
-    return (f"the z guard was better in {better} and worse in {worse} of {total} searches at budgets 48 and 64, and at "
+    return (f"the z guard was better in {better}, worse in {worse} and tied in {same} of {better + worse + same} "
+            f"searches at budgets 48 and 64 (at worst {db(worst, '+.2f')} dB against the halves guard), and at "
             f"K = {k} of 30 (budget 48) its median gain over no polish was {db(z[k], '+.2f')} dB where the halves "
             f"guard's was {db(h[k], '+.2f')} dB")
 
@@ -536,11 +560,17 @@ def forecaster_check_prose(results) -> str:
     switched_k = sorted({r["K"] for r in res["runs"] if r["picks"]["halves"]["forecaster"] != base(r)})
     gains = ", ".join(f"{num(rule['median_gain_db_per_k'][str(k)], '+.2f')} dB at K = {k}" for k in switched_k)
     won = sorted({base(r) for r in res["runs"]})
+    kept = len(res["runs"]) - rule["switched"]  # a tie with never switching: the same policy
+    others = [f"{words} switched in {res['rules'][name]['switched']} (worst gain "
+              f"{num(res['rules'][name]['worst_gain_db'], '+.2f')} dB)"
+              for name, words in (("mean", "a lower mean loss"), ("noise", "a gain beyond 2 standard errors"))
+              if name in res["rules"]]
     return (f"the searches returned a candidate of {' or '.join(won)}; the check switched its forecaster in "
             f"{rule['switched']} of {len(res['runs'])} searches"
             + (f" (at K = {', '.join(map(str, switched_k))}; median held-out gain {gains})" if switched_k else "")
-            + f", and its worst held-out gain over keeping the candidate's forecaster was "
-              f"{num(rule['worst_gain_db'], '+.2f')} dB")
+            + f" and kept it in {kept} (tied with never switching), and its worst held-out gain over keeping the "
+              f"candidate's forecaster was {num(rule['worst_gain_db'], '+.2f')} dB"
+            + (f"; of the rules compared, {' and '.join(others)}" if others else ""))
 
 
 # ------------------------------------------------------------------------------------------------ forecasting.md
@@ -642,7 +672,8 @@ def cluster_row(results, run: str) -> tuple:
     r = results(run)
     se = r.get("quality_diff_se_db")
     return (f"{r['budget']}", f"{num(r['speedup_2_workers'], '.2f')}× ({span(r['speedup_per_gp_seed'], '.2f')}×)",
-            f"{num(r['held_out_psnr_mean']['sequential'], '.2f')} dB", f"{num(r['held_out_psnr_mean']['2_workers'], '.2f')} dB",
+            f"{num(r['held_out_psnr_mean']['sequential'], '.2f')} dB",
+            f"{num(r['held_out_psnr_mean']['2_workers'], '.2f')} dB",
             f"{num(r['quality_diff_db'], '+.3f')} ± {num(se, '.3f')} dB", str(results.record(run)["date"])[:10])
 
 
@@ -657,8 +688,8 @@ def cluster_table(results) -> str:
 def cluster_search_md(results) -> str:
     r = results("cluster_64")
     return (f"2 workers were {num(r['speedup_2_workers'], '.2f')}× faster than the sequential search at budget "
-            f"{r['budget']} (median over {len(r['speedup_per_gp_seed']) if len(r['speedup_per_gp_seed']) > 2 else 16} GP "
-            f"seeds), with a held-out PSNR difference of {num(r['quality_diff_db'], '+.3f')} ± "
+            f"{r['budget']} (median over {len(r['speedup_per_gp_seed']) if len(r['speedup_per_gp_seed']) > 2 else 16} "
+            f"GP seeds), with a held-out PSNR difference of {num(r['quality_diff_db'], '+.3f')} ± "
             f"{num(r['quality_diff_se_db'], '.3f')} dB (paired s.e.)")
 
 
@@ -762,9 +793,10 @@ def trained_figures_table(results) -> str:
                      f"{num(sp['measured_logged'], '.2f')}× (GCache's log line, median)"))
         for x in comp["rows"]:
             rows.append((name, f"GCache + {x['x']} against plain + {x['x']}",
-                         f"{num(x['ratio'], '.2f')} × GCache's own distance ({num(mean(x['gcache_x_vs_plain_x']), '.4f')}"
-                         f" against {num(mean(comp['gcache_vs_plain']), '.4f')}, relative L2 of the latents); "
-                         f"PSNR {num(mean(x['psnr']), '.2f')} dB"))
+                         f"{num(x['ratio'], '.2f')} × GCache's own distance "
+                         f"({num(mean(x['gcache_x_vs_plain_x']), '.4f')} against "
+                         f"{num(mean(comp['gcache_vs_plain']), '.4f')}, relative L2 of the latents); PSNR "
+                         f"{num(mean(x['psnr']), '.2f')} dB"))
         for f in r["few_steps"]:
             ks = sorted(set(f["k"]))
             rows.append((name, f"{f['n']} steps: auto {num(res['target'], 'g')}× against {joined(ks)} plain steps",
@@ -949,8 +981,9 @@ def reference_size(results) -> str:
 @block("reference.training")
 def reference_training(results) -> str:
     m = weights_facts()["meta"]
-    return (f"after {int(m['train_steps']):,} steps of batch {m['batch']} ({num(float(m['train_seconds']) / 60, '.1f')} "
-            f"min), final flow-matching loss {num(float(m['final_loss']), '.3f')}")
+    return (f"after {int(m['train_steps']):,} steps of batch {m['batch']} "
+            f"({num(float(m['train_seconds']) / 60, '.1f')} min), final flow-matching loss "
+            f"{num(float(m['final_loss']), '.3f')}")
 
 
 
@@ -968,9 +1001,9 @@ def choice_regret_prose(results) -> str:
     budgets = sorted({r["budget"] for r in rows})
     lo, hi = (int(x) for x in rec["search_seeds"][0].split("-"))
     return (f"{len(rec['search_seeds'])} sets of {hi - lo + 1} search seeds, K = {ks[0]} to {ks[-1]} of {rec['N']}, "
-            f"budgets {' and '.join(str(b) for b in budgets)}; {rec['date']}, commit {rec['git_commit'][:7]}): it threw away better "
-            f"masks more often than it saved a lucky one, with a median regret of {num(old['median'], '.2f')} dB against "
-            f"the best mask each search evaluated, {num(old['mean'], '.2f')} dB on average and "
-            f"{num(old['worst'], '.2f')} dB at worst, where no margin had {num(new['median'], '.2f')}, "
+            f"budgets {' and '.join(str(b) for b in budgets)}; {rec['date']}, commit {rec['git_commit'][:7]}): it "
+            "threw away better masks more often than it saved a lucky one, with a median regret of "
+            f"{num(old['median'], '.2f')} dB against the best mask each search evaluated, {num(old['mean'], '.2f')} dB "
+            f"on average and {num(old['worst'], '.2f')} dB at worst, where no margin had {num(new['median'], '.2f')}, "
             f"{num(new['mean'], '.2f')} and {num(new['worst'], '.2f')} dB (better in {better} of {len(rows)} searches, "
-            f"worse in {worse})")
+            f"worse in {worse}, tied in {len(rows) - better - worse})")

@@ -21,7 +21,7 @@ import os
 import re
 import sys
 
-from . import render_blocks, store  # render_blocks registers the blocks
+from . import render_blocks, store  # noqa: F401  (render_blocks registers the blocks)
 from .cli import BenchParser
 from .doc_text import BLOCKS, RenderError, fenced, joined, num  # noqa: F401  (RenderError: callers catch it here)
 

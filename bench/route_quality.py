@@ -49,8 +49,9 @@ def main(argv=None) -> dict:
     torch.set_num_threads(1)
     import comfy.utils
     comfy.utils.PROGRESS_BAR_ENABLED = False  # a bar per sampling run would bury the bench's own progress lines
-    import nodes as comfy_nodes
     import tiny_image_models_033 as tim33
+
+    import nodes as comfy_nodes
 
     out = {"N": a.steps, "K": a.k, "held_out_seeds": a.seeds}
     progress = Progress(len(a.families), "route quality: families", expected_s=120.0 * len(a.families))
@@ -64,11 +65,11 @@ def main(argv=None) -> dict:
 def family_row(a, fam, built, comfy_nodes, progress) -> dict:
     """One family's routes, sampled and compared."""
     from ..core.profile import Profile
-    from ..nodes.patching import hooks
-    from ..nodes.patching.adapters import FALLBACK
     from ..nodes.modes.apply import ApplyConfig
     from ..nodes.modes.base import ModeConfig
     from ..nodes.modes.profile import ProfileConfig
+    from ..nodes.patching import hooks
+    from ..nodes.patching.adapters import FALLBACK
     from ..search.instant import instant_policy
     m, pos, neg, lat = built
     dm = m.get_model_object("diffusion_model")
@@ -103,7 +104,8 @@ def family_row(a, fam, built, comfy_nodes, progress) -> dict:
     row.update(block_minus_whole_db=round(statistics.mean(diff), 2), paired_se_db=round(se, 2),
                masks={name: pol.describe() for name, (_, pol) in runs.items()})
     progress.step(f"{fam} (N = {a.steps}, K = {a.k}, {a.seeds} held-out seeds, PSNR of the final latent vs full "
-                  "compute): " + ", ".join(f"{n} {v:.2f} dB" for n, v in row.items() if isinstance(v, float) and n in psnr)
+                  "compute): "
+                  + ", ".join(f"{n} {v:.2f} dB" for n, v in row.items() if isinstance(v, float) and n in psnr)
                   + f"; block − whole model {row['block_minus_whole_db']:+.2f} ± {row['paired_se_db']:.2f} dB")
     return row
 

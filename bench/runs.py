@@ -316,8 +316,8 @@ def listing() -> str:
     rows = []
     for run in RUNS.values():
         needs = f", needs {run.needs}" if run.needs else ""
-        rows.append(f"{run.name:<20} {status(run):<8} ~{run.minutes:g} min{needs}, {run.kind}{', CI' if run.fast else ''}"
-                    f"\n    {run.command()}")
+        rows.append(f"{run.name:<20} {status(run):<8} ~{run.minutes:g} min{needs}, "
+                    f"{run.kind}{', CI' if run.fast else ''}\n    {run.command()}")
     return "\n".join(rows)
 
 
@@ -346,7 +346,8 @@ def main(argv=None) -> int:
         if a.commit and store.git("rev-parse", "--verify", f"{a.commit}^{{commit}}") is None:
             ap.error(f"--commit {a.commit} is no commit of this repository")
         run, result = RUNS[name], gpu_check_result(folder)
-        made = {"date": result["machine"][0], "machine": {"gpu": result["machine"][1:2], "software": result["machine"][2:]}}
+        made = {"date": result["machine"][0],
+                "machine": {"gpu": result["machine"][1:2], "software": result["machine"][2:]}}
         print(store.write(name, run.command(), result, run.sources, commit=a.commit, extra=made))
         return 0
     if a.stale:

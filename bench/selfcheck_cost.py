@@ -228,6 +228,7 @@ class ComfyBackend:
 
     def run(self, built, check: bool) -> dict:
         import nodes as comfy_nodes
+
         from ..nodes.modes.profile import profile_config
         from ..nodes.patching import hooks
         m, pos, neg, lat, cfg = built

@@ -80,9 +80,10 @@ def print_memory_formula(rows: list[dict]) -> None:
               f"({kept} kept): held history {gib(p['history']):.3f} GiB + prev h {gib(p['prev_h']):.3f} GiB = "
               f"{gib(low):.3f} GiB; upper bound with δ {gib(p['delta_batch']):.3f} GiB + row temporaries "
               f"{gib(p['row_temps']):.3f} GiB = {gib(p['total']):.3f} GiB on the device (--history cpu: "
-              f"{gib(p['history']):.3f} GiB host RAM, device <= {gib(p['total'] - p['history'] + p['row_temps'] / 2):.3f} GiB"
-              f" incl. the streamed rows); every element kept: {gib(r['profile_unsampled']['total']):.3f} GiB; Apply's "
-              f"cache {gib(r['apply_cache_bytes']):.3f} GiB")
+              f"{gib(p['history']):.3f} GiB host RAM, device <= "
+              f"{gib(p['total'] - p['history'] + p['row_temps'] / 2):.3f} GiB incl. the streamed rows); every element "
+              f"kept: {gib(r['profile_unsampled']['total']):.3f} GiB; Apply's cache {gib(r['apply_cache_bytes']):.3f} "
+              "GiB")
 
 
 def main(argv=None):
@@ -122,7 +123,8 @@ def main(argv=None):
     if not args.device.startswith("cuda"):
         print(f"glibc malloc tuned for stable CPU timings: {tune_malloc()}")
     if os.environ.get("COMFYUI_PATH"):
-        print(f"models: ComfyUI's classes from COMFYUI_PATH={os.environ['COMFYUI_PATH']} (checked at --quick sizes on CPU only)")
+        print(f"models: ComfyUI's classes from COMFYUI_PATH={os.environ['COMFYUI_PATH']} (checked at --quick sizes on "
+              "CPU only)")
     else:
         print("models: bench/speed.py's own torch definitions (COMFYUI_PATH not set)")
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")

@@ -10,6 +10,7 @@ import torch.nn as nn
 
 from .speed_models import FluxLike, WanLike
 
+
 class _ComfyStack(nn.Module):
     """Stands in for ComfyUI's block list: forward_orig calls it once per step; it runs the real blocks
     through the hook. With this as the only entry, ComfyUI's forward_orig is exactly f_in → stack → f_out."""
@@ -57,7 +58,8 @@ class ComfyModel(nn.Module):
             d = c.width // c.heads
             self.m = Flux(operations=ops, in_channels=c.channels, out_channels=c.channels, vec_in_dim=c.vec_dim,
                           context_in_dim=c.ctx_dim, hidden_size=c.width, mlp_ratio=c.mlp_ratio, num_heads=c.heads,
-                          depth=c.double, depth_single_blocks=c.single, axes_dim=[16, 56, 56] if d == 128 else [d - 2 * (3 * d // 8), 3 * d // 8, 3 * d // 8],
+                          depth=c.double, depth_single_blocks=c.single,
+                          axes_dim=[16, 56, 56] if d == 128 else [d - 2 * (3 * d // 8), 3 * d // 8, 3 * d // 8],
                           theta=10000, patch_size=2, qkv_bias=True, guidance_embed=True,
                           dtype=dtype, device=device)
             self.stack = _ComfyStack("flux", [list(self.m.double_blocks), list(self.m.single_blocks)])
@@ -70,7 +72,8 @@ class ComfyModel(nn.Module):
             self.stack = _ComfyStack("wan", [list(self.m.blocks)])
             self.m.blocks = nn.ModuleList([self.stack])
 
-    inputs = lambda self, device, dtype: (FluxLike.inputs if self.family == "flux" else WanLike.inputs)(self, device, dtype)  # noqa: E731
+    inputs = lambda self, device, dtype: (  # noqa: E731
+        FluxLike.inputs if self.family == "flux" else WanLike.inputs)(self, device, dtype)
 
     def step(self, x, t, inp, stack):
         self.stack.hook = (lambda h, run: stack(h, self.branches, run))

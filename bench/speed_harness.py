@@ -18,10 +18,10 @@ import torch
 from ..core import ProfileRecorder, ResidualCache, StackClock, StepClock
 from ..core.recorder import MAX_ELEMS, sample_stride
 from ..search.baselines import uniform_mask
-
 from .cli import own_inductor_cache
 from .speed_comfy import ComfyModel
 from .speed_models import FULL, QUICK, FluxLike, FluxSize, WanLike, WanSize
+
 
 # ============================================================================ the step and the runs
 def forward(model, x, t, inp, stack: Callable):
@@ -143,9 +143,11 @@ class Bench:
         skip.set_step(0)
         skip.run(h, m.branches, lambda hh: z)  # stores δ (next step is skipped)
         skip.set_step(1)
-        store = ResidualCache([1, 0], observers=(StepClock(),))  # a computed step whose δ is kept: snapshot of h, δ into it, store
+        # a computed step whose δ is kept: snapshot of h, δ into it, store
+        store = ResidualCache([1, 0], observers=(StepClock(),))
         store.set_step(0)
-        fns = {"f_in": lambda: m.f_in(x, t, **extra), "blocks": lambda: m.blocks(h, st), "f_out": lambda: m.f_out(z, st),
+        fns = {"f_in": lambda: m.f_in(x, t, **extra), "blocks": lambda: m.blocks(h, st),
+               "f_out": lambda: m.f_out(z, st),
                "update": lambda: x + 0.1 * x,
                "engine_all_ones_call": lambda: ones.run(h, m.branches, lambda hh: z),
                "engine_skip_call": lambda: skip.run(h, m.branches, lambda hh: z),
@@ -292,7 +294,8 @@ def gb(x: float) -> float:
 def paired(samples: dict, n: int) -> dict:
     """Per repetition (its variants ran back to back, so slow drift cancels), then the median over repetitions."""
     reps = len(samples["none"])
-    per = {k: [] for k in ("over", "prof", "sp_half", "ideal_half", "ratio_half", "sp_third", "ideal_third", "ratio_third")}
+    per = {k: [] for k in ("over", "prof", "sp_half", "ideal_half", "ratio_half", "sp_third", "ideal_third",
+                           "ratio_third")}
     for r in range(reps):
         t = {v: samples[v][r] for v in VARIANTS}
         T, T_io = t["none"] / n, t["io"] / n
@@ -337,7 +340,8 @@ def measure(family: str, args) -> dict:
         x = bench.inp["x"]
         formula = None
         if not isinstance(model, ComfyModel):
-            h, _ = model.f_in(x, torch.zeros(x.shape[0], device=device), **{k: v for k, v in bench.inp.items() if k != "x"})
+            h, _ = model.f_in(x, torch.zeros(x.shape[0], device=device),
+                              **{k: v for k, v in bench.inp.items() if k != "x"})
             formula = profile_formula(h, n, len(model.branches), bench.last_recorder)
 
     med = {v: statistics.median(s) for v, s in samples.items()}
@@ -346,8 +350,8 @@ def measure(family: str, args) -> dict:
     T_skip = (med["skip"] - T) / (n - 1)
     extra = peak_prof - peak_ones
     fmt = lambda v: ",".join(f"{x:.3f}" for x in v)  # noqa: E731
-    print(f"per step (median of {reps} N-step runs / N):  T={T * 1e3:.2f} ms  T_io(f_in+f_out+update)={T_io * 1e3:.2f} ms"
-          f"  T_skip(real skip path)={T_skip * 1e3:.2f} ms  all-ones={med['ones'] / n * 1e3:.2f} ms"
+    print(f"per step (median of {reps} N-step runs / N):  T={T * 1e3:.2f} ms  T_io(f_in+f_out+update)={T_io * 1e3:.2f} "
+          f"ms  T_skip(real skip path)={T_skip * 1e3:.2f} ms  all-ones={med['ones'] / n * 1e3:.2f} ms"
           f"  profile={med['profile'] / n * 1e3:.2f} ms")
     print("runs (s): " + "  ".join(f"{v}={fmt(samples[v])}" for v in VARIANTS))
     over_steps = ab["ones"] / ab["none"] - 1
@@ -369,20 +373,23 @@ def measure(family: str, args) -> dict:
               f"{pieces['h_plus_delta'] * 1e3:.3f} ms")
         print(f"  snapshot of h on entry (in-place-safe δ, on computed steps whose δ is kept): "
               f"{pieces['h_snapshot'] * 1e3:.3f} ms = {pieces['h_snapshot'] / T * 100:.3f} % of T; such a step's "
-              f"engine call {pieces['engine_store_call'] * 1e3:.3f} ms vs z − h alone {pieces['delta_z_minus_h'] * 1e3:.3f} ms")
+              f"engine call {pieces['engine_store_call'] * 1e3:.3f} ms vs z − h alone "
+              f"{pieces['delta_z_minus_h'] * 1e3:.3f} ms")
     itemsize = torch.empty((), dtype=dtype).element_size()
     if formula is not None:
         b, p = len(model.branches), formula
         numel = h.numel() // h.shape[0]
         low = p["history"] + p["prev_h"]
         kept = "every element" if p["stride"] == 1 else f"1 element in {p['stride']}"
-        print(f"profile memory, measured: peak extra {extra / 2**20:.3f} MiB (profile run {peak_prof / 2**20:.2f} MiB − "
-              f"all-ones run {peak_ones / 2**20:.2f} MiB), recorder.peak_bytes {rec_peak / 2**20:.3f} MiB; predicted from "
-              f"the formula ({kept} of the residual kept): held B·(N+1)·S = {low / 2**20:.3f} MiB <= extra <= upper "
-              f"bound {p['total'] / 2**20:.3f} MiB ("
-              f"{', '.join(f'{k} {v / 2**20:.3f}' for k, v in p.items() if k in ('history', 'prev_h', 'delta_batch', 'row_temps'))}"
+        held = ("history", "prev_h", "delta_batch", "row_temps")
+        print(f"profile memory, measured: peak extra {extra / 2**20:.3f} MiB (profile run {peak_prof / 2**20:.2f} MiB "
+              f"− all-ones run {peak_ones / 2**20:.2f} MiB), recorder.peak_bytes {rec_peak / 2**20:.3f} MiB; predicted "
+              f"from the formula ({kept} of the residual kept): held B·(N+1)·S = {low / 2**20:.3f} MiB <= extra <= "
+              f"upper bound {p['total'] / 2**20:.3f} MiB ("
+              f"{', '.join(f'{k} {v / 2**20:.3f}' for k, v in p.items() if k in held)}"
               f" MiB) -> {'MET' if low <= extra <= p['total'] else 'NOT MET'}")
-        print(f"Apply cache held (K=N/2), measured: {apply_bytes / 2**20:.3f} MiB; predicted B·S = {b * numel * itemsize / 2**20:.3f} MiB")
+        print(f"Apply cache held (K=N/2), measured: {apply_bytes / 2**20:.3f} MiB; predicted B·S = "
+              f"{b * numel * itemsize / 2**20:.3f} MiB")
     dev = torch.cuda.get_device_name(device) if device.type == "cuda" else \
         f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
     return {"device": dev, "model": family + ("-quick" if args.quick else ""),
@@ -390,7 +397,8 @@ def measure(family: str, args) -> dict:
             "speedup_ratio_third": round(pr["ratio_third"][0], 4), "profile_step_overhead": round(pr["prof"][0], 4),
             "profile_peak_extra_gb": round(gb(extra), 6),
             "definition": definition, "dtype": args.dtype, "steps": n, "reps": reps, "history": args.history,
-            "overhead_all_ones_runs": round(pr["over"][0], 4), "T_ms": round(T * 1e3, 3), "T_io_ms": round(T_io * 1e3, 3), "T_skip_ms": round(T_skip * 1e3, 3),
+            "overhead_all_ones_runs": round(pr["over"][0], 4), "T_ms": round(T * 1e3, 3),
+            "T_io_ms": round(T_io * 1e3, 3), "T_skip_ms": round(T_skip * 1e3, 3),
             "speedup_half": round(pr["sp_half"][0], 4), "ideal_half": round(pr["ideal_half"][0], 4),
             "speedup_third": round(pr["sp_third"][0], 4), "ideal_third": round(pr["ideal_third"][0], 4),
             "recorder_peak_gb": round(gb(rec_peak), 6), "apply_cache_gb": round(gb(apply_bytes), 6),

@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+
 # ============================================================================ size configs
 @dataclass
 class FluxSize:
@@ -110,7 +111,8 @@ class DoubleBlock(nn.Module):
 
     def _qkv(self, s: str, x, m):
         q, k, v = getattr(self, f"{s}_qkv")(mod(self.norm(x), m[0], m[1])).chunk(3, dim=-1)
-        return getattr(self, f"{s}_qn")(heads(q, self.nh)), getattr(self, f"{s}_kn")(heads(k, self.nh)), heads(v, self.nh)
+        return (getattr(self, f"{s}_qn")(heads(q, self.nh)), getattr(self, f"{s}_kn")(heads(k, self.nh)),
+                heads(v, self.nh))
 
     def forward(self, img, txt, vec, pe):
         mi = self.img_mod(F.silu(vec))[:, None].chunk(6, dim=-1)
@@ -174,7 +176,8 @@ class FluxLike(nn.Module):
         b, ch, hh, ww = x.shape
         img = self.img_in(x.view(b, ch, hh // 2, 2, ww // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, -1, ch * 4))
         dt = img.dtype
-        vec = self.time_in(timestep_embedding(t, 256).to(dt)) + self.guidance_in(timestep_embedding(guidance, 256).to(dt))
+        vec = (self.time_in(timestep_embedding(t, 256).to(dt))
+               + self.guidance_in(timestep_embedding(guidance, 256).to(dt)))
         vec = vec + self.vector_in(y)
         txt = self.txt_in(ctx)
         pe = rope_table(txt.shape[1] + img.shape[1], self.c.width // self.c.heads, x.device, dt)

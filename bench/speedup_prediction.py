@@ -211,8 +211,9 @@ def comfyui_modules(path: str):
     comfy.cli_args.args.cpu = not torch.cuda.is_available()
     import comfy.utils
     comfy.utils.PROGRESS_BAR_ENABLED = False  # a bar per sampling run would bury the bench's own progress lines
-    import nodes as comfy_nodes
     import tiny_models as tm
+
+    import nodes as comfy_nodes
     return comfy_nodes, tm
 
 
@@ -220,7 +221,8 @@ def comfyui(reruns: int, repeats: int, modules, progress: Optional[Progress] = N
     comfy_nodes, tm = modules
 
     from ..core.policy import Policy
-    from ..nodes.modes import apply as apply_mode, profile as profile_mode
+    from ..nodes.modes import apply as apply_mode
+    from ..nodes.modes import profile as profile_mode
     from ..nodes.patching import hooks
     n = 12
     out = {}
@@ -284,13 +286,14 @@ def main(argv=None) -> dict:
         c = p["step_costs_ms"]
         if len(c) == 7:
             print(f"  step costs (ms, medians): profiling run {c['profile_step_ms']:.2f} less recording = stack "
-                  f"{c['profile_stack_ms']:.2f} + outside {c['profile_outside_stack_ms']:.2f} | all computed under Apply "
-                  f"{c['all_ones_step_ms']:.2f} | under the K = {min(p['by_k'])} mask: computed "
+                  f"{c['profile_stack_ms']:.2f} + outside {c['profile_outside_stack_ms']:.2f} | all computed under "
+                  f"Apply {c['all_ones_step_ms']:.2f} | under the K = {min(p['by_k'])} mask: computed "
                   f"{c['computed_step_ms']:.2f}, skipped {c['skipped_step_ms']:.2f} | a run's time outside its steps "
                   f"{c['run_outside_steps_ms']:.2f}")
         for k, f in p["by_k"].items():
-            print(f"  K = {k:>2}: {_line('predicted', f['predicted'])} | {_line('measured (whole runs)', f['measured'])}"
-                  f" | predicted / measured {f['predicted_over_measured']:.3f}"
+            print(f"  K = {k:>2}: {_line('predicted', f['predicted'])} | "
+                  f"{_line('measured (whole runs)', f['measured'])} | predicted / measured "
+                  f"{f['predicted_over_measured']:.3f}"
                   f"{'' if f['predicted_within_measured'] else ' (predicted outside the measured spread)'}")
             if "logged" in f:
                 print(f"          {_line('logged per run (median over its steps)', f['logged'])} | "

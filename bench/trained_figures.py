@@ -45,7 +45,8 @@ LOG_LINE = re.compile(r"^GCache: computed (\d+)/(\d+) steps.*?predicted ([\d.]+)
 
 def main(argv=None) -> dict:
     ap = BenchParser("gcache.bench.trained_figures", __doc__)
-    ap.add_argument("--seeds", type=whole(1), default=4, help="held-out seed x prompt pairs (seed s, prompt s mod classes)")
+    ap.add_argument("--seeds", type=whole(1), default=4, help="held-out seed x prompt pairs (seed s, prompt s mod "
+                                                              "classes)")
     ap.add_argument("--steps", type=whole(4), default=20)
     ap.add_argument("--few-steps", nargs="+", type=whole(2), default=[8, 6], metavar="N")
     ap.add_argument("--families", nargs="+", default=["flux", "wan"], choices=("flux", "wan"))
@@ -53,6 +54,7 @@ def main(argv=None) -> dict:
     a = ap.parse_args(argv)
     require_comfyui(ap)
     import torch
+
     from ..comfy_models import families
     families.use_comfyui()
     torch.set_num_threads(1)
@@ -104,6 +106,7 @@ class Family:
     def sample(self, model, seed, label, steps=None):
         """(final latent, seconds) of a KSampler run."""
         import nodes as comfy_nodes
+
         from ..comfy_models.families import comfy_cond
         t0 = time.perf_counter()
         z = comfy_nodes.common_ksampler(model, seed, steps or self.a.steps, self.s["cfg"], self.s["sampler"],
@@ -117,6 +120,7 @@ class Family:
         import comfy.samplers
         import torch
         from comfy_extras.nodes_perpneg import Guider_PerpNeg
+
         from ..comfy_models.families import comfy_cond
         guider = Guider_PerpNeg(model)
         guider.set_conds(comfy_cond(self.family, label),
@@ -129,7 +133,8 @@ class Family:
                                                  self.a.steps + drop)
         if drop:
             sigmas = torch.cat([sigmas[:-2], sigmas[-1:]])
-        return guider.sample(comfy.sample.prepare_noise(lat, seed), lat, comfy.samplers.sampler_object(self.s["sampler"]),
+        return guider.sample(comfy.sample.prepare_noise(lat, seed), lat,
+                             comfy.samplers.sampler_object(self.s["sampler"]),
                              sigmas, disable_pbar=True, seed=seed)
 
     def pixels(self, z):
@@ -199,7 +204,8 @@ class Family:
         predicted, lo, hi = share.speedup(pol.n_steps, pol.n_computed)
         ratios = [p[1] / g[1] for p, g in zip(plain, auto)]
         speedup = {"n": pol.n_steps, "k": pol.n_computed, "io_share": round(share.value, 5),
-                   "predicted": round(predicted, 3), "predicted_range": None if lo is None else [round(lo, 3), round(hi, 3)],
+                   "predicted": round(predicted, 3),
+                   "predicted_range": None if lo is None else [round(lo, 3), round(hi, 3)],
                    "logged_predicted": [r[2]["predicted"] for r in auto],
                    "logged_measured": [r[2]["measured"] for r in auto],
                    "computed": [r[2]["computed"] for r in auto],
@@ -265,8 +271,8 @@ class Family:
             fewer.append(round(psnr(self.pixels(self.sample(self.m, seed, lab, steps=k)[0]), ref), 3))
         row = {"n": n, "k": ks, "auto_psnr": auto, "fewer_steps_psnr": fewer,
                "auto_minus_fewer": round(statistics.mean(auto) - statistics.mean(fewer), 3)}
-        self.progress.step(f"{self.family.name} {n} steps: auto {TARGET:g}x (K = {ks[0]}) {statistics.mean(auto):.2f} dB, "
-                           f"{ks[0]} plain steps {statistics.mean(fewer):.2f} dB vs plain {n} steps")
+        self.progress.step(f"{self.family.name} {n} steps: auto {TARGET:g}x (K = {ks[0]}) {statistics.mean(auto):.2f} "
+                           f"dB, {ks[0]} plain steps {statistics.mean(fewer):.2f} dB vs plain {n} steps")
         return row
 
 

@@ -101,7 +101,8 @@ def _mask(kind: str, xx, yy, cx, cy, r, extra):
     elif kind == "square":
         d = torch.maximum(dx.abs(), dy.abs()) - r_ * 0.85
     elif kind == "triangle":  # apex down (image rows grow downwards), equilateral-ish
-        d = torch.maximum(torch.maximum(-dy - r_ * 0.6, dy * 0.5 + dx * 0.866 - r_ * 0.5), dy * 0.5 - dx * 0.866 - r_ * 0.5)
+        d = torch.maximum(torch.maximum(-dy - r_ * 0.6, dy * 0.5 + dx * 0.866 - r_ * 0.5),
+                          dy * 0.5 - dx * 0.866 - r_ * 0.5)
     elif kind == "bar":  # a horizontal bar
         d = torch.maximum(dx.abs() - r_ * 1.2, dy.abs() - r_ * 0.4)
     elif kind == "rings":

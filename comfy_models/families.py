@@ -97,7 +97,8 @@ def comfyui_version() -> str:
 
 
 def complete(family: Family) -> dict:
-    """The family's unet_config plus the fields this ComfyUI's params dataclass requires (tuples as ComfyUI has them)."""
+    """The family's unet_config plus the fields this ComfyUI's params dataclass requires (tuples as ComfyUI has
+    them)."""
     cfg = {k: (tuple(v) if isinstance(v, list) and k in ("patch_size", "window_size") else v)
            for k, v in family.unet_config.items()}
     if family.params_class:
@@ -201,7 +202,8 @@ def load(family: Family, path: Optional[str] = None) -> Loaded:
         model.load_model_weights(dict(sd), "")
         patcher = _patcher(model)
         how = ("model_config_from_unet_config(file metadata) + load_model_weights: this ComfyUI's detection reads "
-               f"{ {k: v[0] for k, v in mismatch.items()} } instead of the file's { {k: v[1] for k, v in mismatch.items()} }")
+               f"{ {k: v[0] for k, v in mismatch.items()} } instead of the file's "
+               f"{ {k: v[1] for k, v in mismatch.items()} }")
     check_weights(patcher, sd, path)
     return Loaded(patcher, family, how, json.loads(meta.get(META_TRAINING, "{}")))
 

@@ -1,9 +1,10 @@
 """Train one tiny ComfyUI model (Flux or Wan 2.1 class) on procedural data, on the CPU, and save it as safetensors.
 
-Rectified flow as ComfyUI samples the family: u ~ logit-normal (as SD3) or uniform (--u), sigma = model_sampling.sigma(u) (Flux:
-ModelSamplingFlux's shift; Wan: ModelSamplingDiscreteFlow's shift 8), x_t = (1 - sigma) x0 + sigma n, target n - x0;
-10 % of the prompts dropped to the empty prompt (for classifier-free guidance); AdamW, warm-up then cosine over the
-time budget, EMA of the weights (the EMA is saved). Data, prompts and latents: comfy_models/data.py.
+Rectified flow as ComfyUI samples the family: u ~ logit-normal (as SD3) or uniform (--u), sigma =
+model_sampling.sigma(u) (Flux: ModelSamplingFlux's shift; Wan: ModelSamplingDiscreteFlow's shift 8), x_t = (1 - sigma)
+x0 + sigma n, target n - x0; 10 % of the prompts dropped to the empty prompt (for classifier-free guidance); AdamW,
+warm-up then cosine over the time budget, EMA of the weights (the EMA is saved). Data, prompts and latents:
+comfy_models/data.py.
 
     COMFYUI_PATH=/path/to/ComfyUI python -m gcache.comfy_models.train --family flux --minutes 10
     COMFYUI_PATH=/path/to/ComfyUI python -m gcache.comfy_models.train --family wan --minutes 10 --u uniform
@@ -41,6 +42,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     use_comfyui()
     import comfy.model_management as mm
+
     from .families import build
 
     family = FAMILIES[a.family]
@@ -96,14 +98,17 @@ def main(argv=None):
     held = heldout_loss(patcher, family)
     out = a.out or family.path
     save(patcher, family, out, {
-        "command": "COMFYUI_PATH=<ComfyUI> python -m gcache.comfy_models.train " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "COMFYUI_PATH=<ComfyUI> python -m gcache.comfy_models.train "
+                   + " ".join(sys.argv[1:] if argv is None else argv),
         "data": f"procedural {'images' if family.make is data.images else 'videos'} ({', '.join(family.classes)}), "
                 "comfy_models/data.py, a fresh batch per step from seed <seed> * 1e6 + step",
         "latent": "gain * Q . (2x2 RGB patch), Q 16x12 orthonormal columns (comfy_models/data.py)",
         "prompts": f"{len(family.classes)} class contexts + 1 empty, {family.tokens} x {family.context_width} "
                    f"from seeds {data.PROMPT_SEED}+k",
-        "seed": a.seed, "u": a.u, "steps": step, "batch": batch, "lr": a.lr, "seconds": round(secs, 1), "threads": a.threads,
-        "final_train_loss": round(final, 4), "heldout_loss": round(held, 4), "heldout_loss_at_init": round(random_loss, 4),
+        "seed": a.seed, "u": a.u, "steps": step, "batch": batch, "lr": a.lr, "seconds": round(secs, 1),
+        "threads": a.threads,
+        "final_train_loss": round(final, 4), "heldout_loss": round(held, 4),
+        "heldout_loss_at_init": round(random_loss, 4),
         "comfyui": comfyui_version(), "torch": torch.__version__})
     print(f"saved {out}: {step} steps in {secs:.0f}s, final train loss {final:.4f}, held-out {held:.4f} "
           f"(at init {random_loss:.4f})", flush=True)

@@ -160,7 +160,8 @@ class ResidualCache:
         self._on_residual = tuple(o.on_residual for o in self.observers if o.reads_h)  # given h and δ of computed steps
         self.stats = CacheStats()
         self.step: Optional[int] = None
-        self._deltas: dict[Hashable, list[tuple[Optional[int], torch.Tensor]]] = {}  # key -> kept (step, δ), latest last
+        # key -> kept (step, δ), latest last
+        self._deltas: dict[Hashable, list[tuple[Optional[int], torch.Tensor]]] = {}
         self._meta: dict[Hashable, tuple] = {}
         self._pending: Optional[tuple] = None
         self._held: Optional[HeldCall] = None  # a self-check's held call (replay.py), between hold() and release()

@@ -46,14 +46,16 @@ def few_computed(n_steps: int, k: int) -> Optional[str]:
     if k > 2 or k >= n_steps:
         return None
     return (f"only K = {k} of {n_steps} steps compute the block stack: with so few, caching can be worse than simply "
-            f"sampling {k} step{'' if k == 1 else 's'} (on the reference model at 4 steps, 2x by caching gave 22.3-23.5 dB against 24.5 dB "
-            f"for a 2-step run); a few-step (distilled) model may do better with fewer steps than with GCache")
+            f"sampling {k} step{'' if k == 1 else 's'} (on the reference model at 4 steps, 2x by caching gave "
+            "22.3-23.5 dB against 24.5 dB for a 2-step run); a few-step (distilled) model may do better with fewer "
+            "steps than with GCache")
 
 
 def predicted_speedup(n_steps: int, n_computed: int, io_share: float) -> float:
     """N·T / (K·T + (N−K)·T_io) with io_share = T_io / T (cost of a step without the block stack)."""
     if not 0.0 <= io_share <= 1.0:
-        raise GCacheError(f"io_share must lie in [0, 1] (time of a step without blocks / time of a full step), got {io_share}.")
+        raise GCacheError("io_share must lie in [0, 1] (time of a step without blocks / time of a full step), got "
+                          f"{io_share}.")
     return n_steps / (n_computed + (n_steps - n_computed) * io_share)
 
 

@@ -30,7 +30,8 @@ from . import profile_stats
 from .errors import GCacheError
 from .files import atomic_write_bytes
 from .fit_stats import FitStats
-from .io_share import IoShare, check_meta as check_io_meta, merged_runs
+from .io_share import IoShare, merged_runs
+from .io_share import check_meta as check_io_meta
 from .verdicts import merged_checks
 
 log = logging.getLogger("gcache")
@@ -220,9 +221,9 @@ class Profile:
         if self.count and other.count:
             for stat in profile_stats.registered():
                 if self.has(stat.name) != other.has(stat.name):
-                    log.warning("GCache Profile: one of the merged profiles has no %s statistics (made without forecast "
-                                "recording, or before they were recorded); the result keeps none. Profile every run "
-                                "with forecast recording on to keep them.", stat.name)
+                    log.warning("GCache Profile: one of the merged profiles has no %s statistics (made without "
+                                "forecast recording, or before they were recorded); the result keeps none. Profile "
+                                "every run with forecast recording on to keep them.", stat.name)
                     break
         sampled = [p.e_definition for p in (self, other) if p.count] or [min(self.e_definition, other.e_definition)]
         return Profile(self.n_steps, self.e_sum + other.e_sum, self.count + other.count,

@@ -317,7 +317,8 @@ class ProfileRecorder(EngineObserver):
             for key, b in self.branches.items():
                 if not all(b.recorded):
                     missing = [i for i, r in enumerate(b.recorded) if not r]
-                    log.warning("GCache Profile: branch %r missed steps %s (interrupted run?); not added.", key, missing[:8])
+                    log.warning("GCache Profile: branch %r missed steps %s (interrupted run?); not added.", key,
+                                missing[:8])
                     continue
                 rows = b.rows.cpu().numpy()
                 norms = b.norms.cpu().numpy()

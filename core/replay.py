@@ -64,7 +64,8 @@ class HeldCall:
         held_keys, held_chunks, step, deltas = self.passes[i]
         parts = h.chunk(chunks, 0) if chunks > 1 else (h,)
         if list(keys) != held_keys or chunks != held_chunks or \
-                any(p.shape != d.shape or p.dtype != d.dtype for p, d in zip(parts, deltas)):  # (δ's device: cache_device)
+                any(p.shape != d.shape or p.dtype != d.dtype
+                    for p, d in zip(parts, deltas)):  # (δ's device: cache_device)
             raise ReplayBroken(f"the replay's block-stack input {tuple(h.shape)} {h.dtype} does not match the "
                                f"computed call's ({[tuple(d.shape) for d in deltas]})")
         self._pending = (h, list(keys), chunks, step, deltas)

@@ -22,7 +22,8 @@ def bernstein_w(t: Sequence[float] | np.ndarray, s: Sequence[float] | np.ndarray
     s = np.asarray(s, dtype=np.float64)
     t = np.asarray(t, dtype=np.float64)
     if s.ndim != 1 or not 1 <= s.size <= MAX_DEGREE + 1:
-        raise GCacheError(f"Bernstein coefficients s must be a vector of 1..{MAX_DEGREE + 1} numbers, got shape {s.shape}.")
+        raise GCacheError(f"Bernstein coefficients s must be a vector of 1..{MAX_DEGREE + 1} numbers, got shape "
+                          f"{s.shape}.")
     if not np.all(np.isfinite(s)) or not np.all(np.isfinite(t)):
         raise GCacheError("Bernstein weights got a NaN/Inf coefficient or time.")
     d = s.size - 1

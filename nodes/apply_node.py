@@ -3,13 +3,12 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
-from ..core.errors import GCacheError
 from ..core.policy import Policy
 from . import artifacts
 from . import comfy_common as cc
+from .modes import verdicts
 from .modes.apply import apply_config
 from .modes.auto import auto_config
-from .modes import verdicts
 from .modes.base import CACHE_DEVICES, STEP_MISMATCH
 from .patching import companions, hooks
 

@@ -197,8 +197,8 @@ def save_searched(path: str, policy: Policy) -> Kept:
                 new_loss, old_loss, evidence = ranking_losses(policy, old)
                 if old_loss <= new_loss:
                     return Kept(old, False, f"kept the policy an earlier search saved as {name}: on the same "
-                                            f"seeds and reference images, {evidence}, its loss {old_loss:.6g} is not higher "
-                                            f"than this search's {new_loss:.6g}")
+                                            f"seeds and reference images, {evidence}, its loss {old_loss:.6g} is not "
+                                            f"higher than this search's {new_loss:.6g}")
                 note = f"it replaces the policy an earlier search saved there: on the same seeds and reference " \
                        f"images, {evidence}, its loss {new_loss:.6g} is lower than that one's {old_loss:.6g}"
             else:

@@ -6,10 +6,9 @@ import functools
 import inspect
 import os
 
+import folder_paths
 import numpy as np
 import torch
-
-import folder_paths
 from comfy_api.latest import io
 
 from ..core import forecasters
@@ -50,7 +49,7 @@ def folder() -> str:
     path = folder_paths.get_folder_paths(FOLDER)[0]
     try:
         os.makedirs(path, exist_ok=True)
-    except OSError:  # the node that writes there says so, with what to do (artifacts.cant_write), not a raw PermissionError
+    except OSError:  # the node that writes there says so, with what to do (artifacts.cant_write), not a raw error
         pass
     return path
 

@@ -11,7 +11,6 @@ from .profile_node import GCacheLoadProfile, GCacheProfile
 from .search_jobs import background
 from .search_node import GCacheSearch
 
-
 _SET_UP = []
 
 

@@ -12,9 +12,10 @@ from ..core.files import safe_name
 from ..core.policy import Policy, check_budget, few_computed, k_for_speedup, out_of_reach
 from ..core.user_text import quoted
 from ..core.verdicts import checks_of, failed, stamp
-from ..search.error_models import DEFAULT as DEFAULT_ERROR_MODEL, ERROR_MODELS
-from ..search.instant import METHODS, instant_policy, propagation_weights
+from ..search.error_models import DEFAULT as DEFAULT_ERROR_MODEL
+from ..search.error_models import ERROR_MODELS
 from ..search.infra.plots import plot_policy
+from ..search.instant import METHODS, instant_policy, propagation_weights
 from . import artifacts
 from . import comfy_common as cc
 from .modes.verdicts import describe
@@ -62,7 +63,8 @@ def _every_step(profile, bad: dict, path, weights) -> io.NodeOutput:
     log.warning("GCache Policy: %s; the policy computes every step. Profile again (under a new name) where the check "
                 "passes.", why)
     policy = Policy.all_ones(profile.n_steps, times=[float(t) for t in profile.times],
-                             sigmas=[float(v) for v in profile.sigmas], provenance={"selfcheck": checks_of(profile.meta)})
+                             sigmas=[float(v) for v in profile.sigmas],
+                             provenance={"selfcheck": checks_of(profile.meta)})
     _save(policy, path)
     image = plot_policy(policy, weights, "GCache Policy: every step computed (the profile's self-check failed)")
     return io.NodeOutput(policy, cc.pil_to_image(image))
@@ -76,16 +78,19 @@ class GCachePolicy(io.ComfyNode):
             description="An instant policy from a profile: the exact DP picks the K steps to compute under an analytic "
                         "propagation weight (milliseconds, no sampling). GCache Search can improve on it.",
             inputs=[
-                cc.ProfileSocket.Input("profile", tooltip="A profile from GCache Load Profile (one profiled batch is enough)."),
+                cc.ProfileSocket.Input("profile", tooltip="A profile from GCache Load Profile (one profiled batch is "
+                                                          "enough)."),
                 io.Combo.Input("budget", options=list(BUDGETS), default="speed-up",
                                tooltip="Give the budget as a target speed-up (turned into K with the model's io share "
                                        "recorded in the profile) or as K directly."),
                 io.Float.Input("speedup", default=2.0, min=1.0, max=50.0, step=0.1, round=0.01,
-                               tooltip="Target speed-up (budget = speed-up): the largest predicted speed-up not above it."),
-                io.Int.Input("k", default=10, min=1, max=1000, tooltip="Steps that compute the block stack (budget = K)."),
+                               tooltip="Target speed-up (budget = speed-up): the largest predicted speed-up not above "
+                                       "it."),
+                io.Int.Input("k", default=10, min=1, max=1000, tooltip="Steps that compute the block stack (budget = "
+                                                                       "K)."),
                 io.Combo.Input("method", options=list(METHODS), default="theory",
-                               tooltip="theory: the paper's Theorem 3.3 weight (default); local: every error counts the "
-                                       "same; bernstein: w(t; s) with the coefficients below.", **cc.ADVANCED),
+                               tooltip="theory: the paper's Theorem 3.3 weight (default); local: every error counts "
+                                       "the same; bernstein: w(t; s) with the coefficients below.", **cc.ADVANCED),
                 io.String.Input("bernstein_s", default="2, 1, 0.5, 0",
                                 tooltip="Bernstein coefficients s for method = bernstein (degree = count − 1).",
                                 **cc.ADVANCED),
@@ -102,7 +107,8 @@ class GCachePolicy(io.ComfyNode):
                                        "forecaster. They can pick different masks; GCache Search measures each.",
                                **cc.ADVANCED),
                 io.String.Input("save_name", default="",
-                                tooltip="Save as models/gcache/<name>.json for GCache Apply's list (empty: not saved)."),
+                                tooltip="Save as models/gcache/<name>.json for GCache Apply's list (empty: not "
+                                        "saved)."),
             ],
             outputs=[cc.PolicySocket.Output(tooltip="The policy, for GCache Apply."),
                      io.Image.Output(tooltip="The weight w_j per step and the mask timeline.")],

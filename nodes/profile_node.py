@@ -81,7 +81,8 @@ class GCacheLoadProfile(io.ComfyNode):
             description="Loads a saved profile for GCache Search and draws it: the E heatmap and the local "
                         "indicators per step.",
             inputs=[io.Combo.Input("profile", options=cc.profile_choices(),
-                                   tooltip="A profile recorded by GCache Profile (models/gcache/*.profile.safetensors).")],
+                                   tooltip="A profile recorded by GCache Profile "
+                                           "(models/gcache/*.profile.safetensors).")],
             outputs=[cc.ProfileSocket.Output(tooltip="The profile, for GCache Search."),
                      io.Image.Output(tooltip="E heatmap and local indicators (rel-L1 of δ and h, ‖δ‖) per step.")],
         )

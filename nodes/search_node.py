@@ -16,13 +16,14 @@ from ..core.files import safe_name
 from ..core.policy import Policy
 from ..search.budget import minimum_budgets, start_range
 from ..search.config import POLISH_SHARE, SearchConfig
-from ..search.loop import SearchInterrupted
 from ..search.infra.objectives import OBJECTIVES, make_objective
 from ..search.infra.plots import plot_policy, plot_search
 from ..search.infra.requirements import require, search_modules
+from ..search.loop import SearchInterrupted
+from ..search.paired import LEAST_SEEDS
 from . import comfy_common as cc
-from .search_jobs import background
 from .modes import verdicts
+from .search_jobs import background
 from .search_jobs.job import NothingToSearch, SearchJob, run_slice
 
 log = logging.getLogger("gcache")
@@ -61,11 +62,14 @@ class GCacheSearch(io.ComfyNode):
                 io.Vae.Input("vae", tooltip="Decodes latents to images for the objective."),
                 io.Int.Input("seed", default=0, min=0, max=0xffffffffffffffff, control_after_generate=False,
                              tooltip="First noise seed of the reference runs (also seeds the search)."),
-                io.Int.Input("seeds", default=1, min=1, max=64,
-                             tooltip="Number of reference runs (seed, seed+1, …); the loss is their mean. A "
-                                     "search with a profile-fitted forecaster also samples as many fresh seeds "
-                                     "(seed+seeds, …) at the end, to choose among its finalists on seeds it never "
-                                     "judged a mask on."),
+                io.Int.Input("seeds", default=LEAST_SEEDS, min=1, max=64,
+                             tooltip="Number of reference runs (seed, seed+1, …); the loss is their mean. Every "
+                                     "evaluation samples each seed once, so the search's sampling time grows with "
+                                     "the seeds (2 seeds: twice that of 1). A search with a profile-fitted "
+                                     "forecaster also samples as many fresh seeds (seed+seeds, …) at the end, to "
+                                     "choose among its finalists on seeds it never judged a mask on. With 1 seed the "
+                                     "polish guard, the forecaster check and that final choice decide by a lower "
+                                     "mean loss alone, with no test against the seed noise (the log says so)."),
                 io.Int.Input("steps", default=20, min=2, max=1000, tooltip="Sampler steps N."),
                 io.Float.Input("cfg", default=1.0, min=0.0, max=100.0, step=0.1, round=0.01,
                                tooltip="Classifier-free guidance scale, as in your KSampler."),
@@ -350,8 +354,8 @@ def _state(job: SearchJob):
 
 def _report(job: SearchJob, profile, bg) -> io.NodeOutput:
     """The best policy so far and a picture of the search as it stands."""
-    from ..search.instant import propagation_weights
     from ..search.infra.plots import plot_policy
+    from ..search.instant import propagation_weights
     policy = job.best_so_far(profile)
     state = _state(job)
     status = f"{bg.status}: {bg.evaluations} of {bg.budget} evaluations" if bg is not None else "not running"

@@ -2,8 +2,10 @@
 actors (search/infra/ray_executor.py). The reference model runs headless (and its policy is then measured on held-out
 seeds, as the search command does), or ComfyUI servers evaluate (one per GPU):
 
-    python -m gcache.reference_model.cluster --workers 2 --steps 30 --k 10 --budget 64 --objective ssim --out cluster_out
-    python -m gcache.reference_model.cluster --address auto ...   # an existing cluster (`ray start --head` / `--address`)
+    python -m gcache.reference_model.cluster --workers 2 --steps 30 --k 10 --budget 64 --objective ssim \
+        --out cluster_out
+    # an existing cluster (`ray start --head` / `--address`):
+    python -m gcache.reference_model.cluster --address auto ...
     python -m gcache.reference_model.cluster --comfyui http://gpu1:8188,http://gpu2:8188 --workflow wf_api.json \
         --profile models/gcache/flux.profile.safetensors --k 10 --budget 64   # ComfyUI servers, one per GPU
 """
@@ -17,9 +19,20 @@ from typing import Optional, Sequence
 
 from ..core import forecasters
 from ..core.errors import GCacheError
-from ..search.infra.cli import (ArgumentParser, Problems, check_at_least, check_out_folder, check_steps, command_name,
-                                forecast_choices, forecaster_of, make_out_folder, parse_seeds, run_command,
-                                set_threads)
+from ..search.infra.cli import (
+    ArgumentParser,
+    Problems,
+    check_at_least,
+    check_out_folder,
+    check_steps,
+    command_name,
+    forecast_choices,
+    forecaster_of,
+    make_out_folder,
+    parse_seeds,
+    run_command,
+    set_threads,
+)
 from ..search.infra.objectives import OBJECTIVES, ensure_backbone
 from ..search.infra.ray_executor import RayExecutor, require_ray
 from ..search.infra.requirements import require, search_modules
@@ -121,8 +134,8 @@ def check_arguments(a):
             problems.check(check_k, a.k, a.steps)
         problems.require(not forecasters.get(a.forecast).needs_profile,
                          f"The ComfyUI workers apply the forecasters without profile-fitted parameters "
-                         f"({', '.join(forecasters.profile_free())}); {a.forecast} needs the profile in every worker: use "
-                         "--forecast linear here, or GCache Search in ComfyUI.")
+                         f"({', '.join(forecasters.profile_free())}); {a.forecast} needs the profile in every worker: "
+                         "use --forecast linear here, or GCache Search in ComfyUI.")
     else:
         check_at_least(problems, "--workers", a.workers, 1, "the number of workers")
         if check_steps(problems, a.steps):

@@ -23,9 +23,17 @@ import numpy as np
 import torch
 
 from ..core.policy import check_budget
-from ..search.infra.cli import (ArgumentParser, Problems, check_at_least, check_out_folder, check_steps, command_name,
-                          make_out_folder, run_command)
 from ..search.dp import dp_mask
+from ..search.infra.cli import (
+    ArgumentParser,
+    Problems,
+    check_at_least,
+    check_out_folder,
+    check_steps,
+    command_name,
+    make_out_folder,
+    run_command,
+)
 from ..search.infra.requirements import require
 from .harness import ReferenceHarness
 

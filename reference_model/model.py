@@ -62,7 +62,8 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         s1, sc1, g1, s2, sc2, g2 = self.ada(c).chunk(6, dim=-1)
         b, n, d = x.shape
-        q, k, v = self.qkv(_modulate(self.norm1(x), s1, sc1)).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = self.qkv(_modulate(self.norm1(x), s1, sc1)).view(b, n, 3, self.heads, d // self.heads).permute(
+            2, 0, 3, 1, 4)
         a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, d)
         x = x + g1[:, None] * self.proj(a)
         return x + g2[:, None] * self.mlp(_modulate(self.norm2(x), s2, sc2))

@@ -20,9 +20,20 @@ import sys
 import time
 
 from ..core import forecasters
-from ..search.infra.cli import (ArgumentParser, Problems, check_at_least, check_out_folder, check_steps, command_name,
-                                forecast_choices, forecaster_of, make_out_folder, parse_seeds, run_command,
-                                set_threads)
+from ..search.infra.cli import (
+    ArgumentParser,
+    Problems,
+    check_at_least,
+    check_out_folder,
+    check_steps,
+    command_name,
+    forecast_choices,
+    forecaster_of,
+    make_out_folder,
+    parse_seeds,
+    run_command,
+    set_threads,
+)
 from ..search.infra.objectives import OBJECTIVES
 from ..search.infra.requirements import require, search_modules
 

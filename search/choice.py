@@ -3,21 +3,20 @@
 The rule, on the search's own loss (the mean over its seeds):
 - The fallback is the best start mask (kind "instant": the instant DP masks, the TeaCache-like one, the caller's
   extra masks). The search never returns a mask whose loss is above it.
-- A searched mask with a lower loss replaces it when its gain is believable by `rule` (paired.CHOICE: a paired gain
-  beyond CHOICE_Z standard errors over the seeds). The lowest-loss believable one is returned. A polish move that was
-  not accepted is no candidate: the polish guard found it no better than its parent (measured, under the halves
-  guard: choosing such moves when they beat the fallback by the noise margin lost 1.3 dB held-out at K = 10 of 30 on
-  the reference model).
-- CHOICE_Z is 0, measured (paired.py, bench/choice_regret.py): so the search returns the lowest loss it measured,
-  polish moves its guard rejected left out. A margin over the seed noise (2 standard errors until then) threw away
-  searched masks that were better held out more often than it kept a lucky one; the rule stays a parameter for the
-  bench that compares stricter ones. (Under stricter rules a chain of accepted polish moves used to earn what a lone
-  searched mask could not; under CHOICE_Z = 0 that chain could never change the choice, and it is gone.)
-- Without per-seed losses of 2+ seeds nothing can be checked: the lowest loss wins ("unchecked", and the log says so).
+- The lowest loss the search measured is returned (paired.CHOICE_Z = 0: a searched mask replaces the fallback on any
+  lower mean loss), the earliest of equal ones. A polish move that was not accepted is no candidate: the polish
+  guard found it no better than its parent (measured, under the halves guard: choosing such moves when they beat the
+  fallback by the noise margin lost 1.3 dB held-out at K = 10 of 30 on the reference model).
+- Why no margin over the seed noise (2 standard errors until 2026-11-27): paired.py, bench/choice_regret.py. A margin
+  threw away searched masks that were better held out more often than it kept a lucky one. With CHOICE_Z = 0 the
+  paired test says what the means say, so this module applies no test at all; the stricter rules the bench compares
+  live in bench/choice_regret.py (`choose_under`).
+- Without per-seed losses of 2+ seeds the rules that do test over the seeds (the polish guard, the forecaster check,
+  the final choice on fresh seeds) fall back to the mean: a searched winner is then "unchecked" (the log says so).
 
 Why the fallback is the best start on the search's own samples and not a fixed one (say the theory DP policy): a
-search must not return a mask that its own measurements call worse than one it was given. The rule works on the
-other side (which searched mask may replace it). The rules and the measurements behind them: paired.py.
+search must not return a mask that its own measurements call worse than one it was given. The rules and the
+measurements behind them: paired.py.
 """
 from __future__ import annotations
 
@@ -25,36 +24,37 @@ import math
 from collections.abc import Mapping
 from typing import NamedTuple, Optional
 
-from .paired import CHOICE, Rule
+from .paired import per_seed
 from .state import POLISH, START, SearchState
 
-# How the chosen entry was chosen (the policy's provenance "chosen")
-BEST, ARGMIN_MU, BEYOND_NOISE, WITHIN_NOISE = "best_evaluated", "argmin_mu", "beyond_noise", "instant_within_noise"
+# How the chosen entry was chosen (the policy's provenance "chosen"; policies saved before 2026-11-29 may also say
+# "beyond_noise" or "instant_within_noise", the verdicts of the noise margin retired then)
+BEST, ARGMIN_MU = "best_evaluated", "argmin_mu"
 FRESH = "fresh_seeds"  # another forecaster's best candidate won on the fresh seeds (end_game.py)
 
 
 class Choice(NamedTuple):
     entry: Optional[Mapping]  # a history entry or the final argmin-μ one (None: nothing measured)
-    how: str                  # BEST | ARGMIN_MU | BEYOND_NOISE (believable, not the lowest loss) | WITHIN_NOISE (the
-    #                           fallback: the lower-loss searched masks were not believable)
-    unchecked: bool           # a searched mask won without a check against the seed noise (no per-seed losses)
+    how: str                  # BEST | ARGMIN_MU
+    unchecked: bool           # a searched mask won on a search without per-seed losses of 2+ seeds
 
 
-def choose(state: SearchState, rule: Rule = CHOICE) -> Choice:
-    """The mask the search returns. `rule`: paired.CHOICE (others: for the benches)."""
-    masks, fin = state.masks, state.final
-    best = state.best(with_final=True)
-    fallback = state.best(kinds=(START,))
-    if best is None:
-        return Choice(None, BEST, False)
-    if fallback is None:  # no start mask measured yet
-        return Choice(best, ARGMIN_MU if best is fin else BEST, False)
-    # a polish move that was not accepted failed the polish guard against its parent: never a candidate
+def candidates(state: SearchState) -> list:
+    """What the choice may return, lowest loss first (of equal ones the best start mask, then the earliest; the final
+    entry last): every history entry but the polish moves the polish guard rejected, and the final argmin-μ entry."""
+    fin, fallback = state.final, state.best(kinds=(START,))
     pool = [e for e in state.history if not (e["kind"] == POLISH and not e.get("accepted"))] + ([fin] if fin else [])
-    better = sorted((e for e in pool if e["loss"] < fallback["loss"]), key=lambda e: (e["loss"], e.get("i", math.inf)))
-    for e in better:
-        verdict = rule.better(masks[e["mask"]], masks[fallback["mask"]], state.seed)
-        if e["mask"] == fallback["mask"] or verdict is None or verdict:
-            how = ARGMIN_MU if e is fin else (BEST if e is best else BEYOND_NOISE)
-            return Choice(e, how, verdict is None and e["mask"] != fallback["mask"])
-    return Choice(fallback, WITHIN_NOISE if better else BEST, False)
+    return sorted(pool, key=lambda e: (e["loss"], fallback is None or e["mask"] != fallback["mask"],
+                                       e.get("i", math.inf)))
+
+
+def choose(state: SearchState) -> Choice:
+    """The mask the search returns: the lowest-loss candidate (module docstring)."""
+    pool, fallback = candidates(state), state.best(kinds=(START,))
+    if not pool:
+        return Choice(None, BEST, False)
+    e = pool[0]
+    how = ARGMIN_MU if e is state.final else BEST
+    seeds = per_seed(state.masks.get(e["mask"]))
+    searched = fallback is not None and e["mask"] != fallback["mask"]
+    return Choice(e, how, searched and (seeds is None or seeds.size < 2))

@@ -69,7 +69,8 @@ class SearchConfig:
         """What `validate` checks besides K against N (degree, budget, search box, objective, polish): a command
         checks these even where K is wrong, and names every problem at once."""
         if not isinstance(self.degree, int) or not 1 <= self.degree <= SEARCH_MAX_DEGREE:
-            raise GCacheError(f"degree must be a whole number in 1..{SEARCH_MAX_DEGREE} (the paper uses 3), got {self.degree!r}.")
+            raise GCacheError(f"degree must be a whole number in 1..{SEARCH_MAX_DEGREE} (the paper uses 3), got "
+                              f"{self.degree!r}.")
         if n_starts is None:
             from .starts import start_count  # starts.py needs the instant DP; config stays light
             n_starts = start_count(self.forecast, False)

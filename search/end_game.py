@@ -56,7 +56,8 @@ from ..core import forecasters
 from ..core.profile import Profile
 from .choice import FRESH, Choice, choose
 from .executor import Executor, evaluate_now
-from .paired import CHECK, FRESH as FRESH_RULE, Rule, paired_difference
+from .paired import CHECK, Rule, paired_difference
+from .paired import FRESH as FRESH_RULE
 from .starts import can_fit, other_forecasters
 from .state import SearchState, forecaster_of, key_of, loss_of, mask_of, split_key
 

@@ -45,7 +45,8 @@ def kappa_schedule(i: int, n_iters: int) -> float:
 
 def _kernel(dim: int):
     from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
-    return (ConstantKernel(1.0, (1e-3, 1e3)) * Matern(length_scale=np.ones(dim), length_scale_bounds=(1e-2, 1e2), nu=2.5)
+    return (ConstantKernel(1.0, (1e-3, 1e3))
+            * Matern(length_scale=np.ones(dim), length_scale_bounds=(1e-2, 1e2), nu=2.5)
             + WhiteKernel(1e-3, (1e-6, 1.0)))
 
 

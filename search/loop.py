@@ -49,8 +49,8 @@ from ..core.profile import Profile
 from ..core.weights import bernstein_w
 from . import end_game, paired
 from . import result as results
-from .end_game import EndGame
 from .config import SearchConfig, check_k
+from .end_game import EndGame
 from .executor import Executor, InProcessExecutor, evaluate_now
 from .gp import GPLCB, kappa_schedule, start_grid
 from .instant import bound_on, dp_on, propagation_weights
@@ -315,6 +315,8 @@ class SearchLoop:
                  f"resumed at evaluation {len(state.history)}" + (
                      f" ({_count(len(state.pending), 'evaluation')} dispatched again)" if state.pending else "")
                  if resumed else "starting")
+        if seeds == 1:
+            log.info("GCache Search: %s.", paired.one_seed_fallbacks(forecasters.get(config.forecast).needs_profile))
         for j, p in enumerate(state.pending):  # a resumed search: what was out when it stopped, each mask once
             if not any(o["mask"] == p["mask"] for o in state.pending[:j]):
                 self.dispatch(p)

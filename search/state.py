@@ -115,7 +115,8 @@ def load_state(path: str) -> dict:
     try:
         _check(state)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise GCacheError(f"{name} is damaged ({e!r}). It was left untouched: delete it to start the search over.") from None
+        raise GCacheError(f"{name} is damaged ({e!r}). It was left untouched: delete it to start the search "
+                          "over.") from None
     return state
 
 
@@ -476,9 +477,10 @@ class SearchState:
         `first` is the history index that measured it. A loss that is no finite number stops the search."""
         loss, per_seed = loss_of(raw)
         if not math.isfinite(loss):
-            raise GCacheError(f"The evaluation of mask {key} returned {raw!r:.120}, not a finite loss (the run diverged or "
-                              f"the objective failed). The state file keeps the {len(self._data['history'])} "
-                              "evaluations before it; fix the evaluation and run the search again to resume.")
+            raise GCacheError(f"The evaluation of mask {key} returned {raw!r:.120}, not a finite loss (the run "
+                              "diverged or the objective failed). The state file keeps the "
+                              f"{len(self._data['history'])} evaluations before it; fix the evaluation and run the "
+                              "search again to resume.")
         self._data["masks"][key] = {"loss": loss, "seconds": round(seconds, 4), "first": first,
                                     **({"per_seed": per_seed} if per_seed is not None else {})}
         self._changed()
@@ -503,7 +505,8 @@ class SearchState:
         hist = self._data["history"]
         entry = {"i": len(hist), "kind": proposal["kind"], "s": _plain(proposal["s"]), "mask": proposal["mask"],
                  "loss": self._data["masks"][proposal["mask"]]["loss"], "reused": reused, "seconds": round(seconds, 4),
-                 "bound": proposal.get("bound"), "kappa": proposal.get("kappa"), "gp_seconds": proposal.get("gp_seconds")}
+                 "bound": proposal.get("bound"), "kappa": proposal.get("kappa"),
+                 "gp_seconds": proposal.get("gp_seconds")}
         for key in ("method", "parent"):
             if proposal.get(key):
                 entry[key] = proposal[key]

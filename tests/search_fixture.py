@@ -63,8 +63,8 @@ def make_profile():
 
 
 def main():
-    from gcache.search.loop import run_search
     from gcache.search.config import SearchConfig
+    from gcache.search.loop import run_search
     os.makedirs(DATA, exist_ok=True)
     prof = make_profile()
     prof.save(PROFILE)

@@ -74,6 +74,7 @@ def run_in_process(case, tmp_path, monkeypatch, capsys):
     """main(args) of the case's module, in this process (as `python -m` runs it, through run_main): (exit code,
     stdout, stderr)."""
     import importlib
+
     from gcache.bench.cli import run_main
     name, module, args, env, _, blocked = case
     for k, v in env.items():

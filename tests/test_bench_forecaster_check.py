@@ -6,8 +6,7 @@ from gcache.reference_model.harness import ReferenceHarness
 
 
 def test_forecaster_check_bench_runs(tiny_model, capsys):
-    from gcache.bench.forecaster_check import main
-    from gcache.bench.forecaster_check import rules
+    from gcache.bench.forecaster_check import main, rules
     RULES = rules()
     out = main(["--steps", "10", "--ks", "4", "--budget", "32", "--gp-seeds", "0-1", "--search-seeds", "100-101",
                 "--eval-seeds", "0-1"], harness_factory=lambda n: ReferenceHarness(n, model=tiny_model))

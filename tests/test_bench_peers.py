@@ -24,7 +24,8 @@ def test_bootstrap_interval_holds_the_mean_and_is_a_point_for_equal_values():
 
 
 def test_headline_is_gcache_minus_the_interpolated_peer_and_none_out_of_range():
-    rows = [{"row": "GCache auto 2x", "kind": "gcache", "speedup_passes": 3.0, "psnr": [30.0, 32.0], "ssim": [0.9, 0.9]},
+    rows = [{"row": "GCache auto 2x", "kind": "gcache", "speedup_passes": 3.0, "psnr": [30.0, 32.0],
+             "ssim": [0.9, 0.9]},
             {"row": "E 1", "kind": "EasyCache", "speedup_passes": 2.0, "psnr": [28.0, 30.0], "ssim": [0.9, 0.8]},
             {"row": "E 2", "kind": "EasyCache", "speedup_passes": 4.0, "psnr": [20.0, 22.0], "ssim": [0.7, 0.6]},
             {"row": "L 1", "kind": "LazyCache", "speedup_passes": 1.5, "psnr": [40.0, 40.0], "ssim": [1.0, 1.0]}]

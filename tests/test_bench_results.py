@@ -25,8 +25,8 @@ def test_the_docs_are_the_renderings_of_the_stored_results():
         changed = render_docs.render_all(write=False)
     except render_docs.RenderError as e:
         pytest.fail(str(e))
-    assert not changed, (f"{', '.join(os.path.relpath(p, store.REPO) for p in changed)} differ from the stored results' "
-                         "rendering: run .venv/bin/python -m gcache.bench.render_docs")
+    assert not changed, (f"{', '.join(os.path.relpath(p, store.REPO) for p in changed)} differ from the stored "
+                         "results' rendering: run .venv/bin/python -m gcache.bench.render_docs")
 
 
 def test_every_marker_names_a_value_or_a_block():
@@ -182,3 +182,40 @@ def test_a_picture_is_its_stored_results_drawing(tmp_path, monkeypatch):
     assert render_docs.render_images(results, write=False) == [str(tmp_path / "docs" / "peers_flux.png")]
     assert render_docs.render_images(results, write=True) and render_docs.render_images(results, write=False) == []
     assert Image.open(tmp_path / "docs" / "peers_flux.png").getpixel((5, 5)) == (255, 255, 255)
+
+
+def _rule_evidence() -> dict:
+    """Each rule's prose in docs/search.md (search/paired.py's rules), as the blocks render it."""
+    blocks()
+    results = render_docs.Results()
+    return {name: render_docs.BLOCKS[name](results) for name in
+            ("polish_guard.prose", "choice_regret.prose", "forecaster_check.prose", "fresh_choice.prose")}
+
+
+def test_each_rules_evidence_says_its_ties_and_worst_case():
+    """The ties and the worst case of each rule against the rule it was compared with, counted here from the stored
+    runs themselves (not from the summaries the blocks read)."""
+    prose = _rule_evidence()
+    load = lambda name: store.load(name)["result"]  # noqa: E731
+    polish = [r["guards"]["z"]["psnr"] - r["guards"]["halves"]["psnr"]
+              for n in ("polish_guard_48", "polish_guard_64") for r in load(n)["runs"]]
+    assert f"tied in {sum(d == 0 for d in polish)} of {len(polish)}" in prose["polish_guard.prose"]
+    assert f"at worst {render_docs.num(min(polish), '+.2f')} dB" in prose["polish_guard.prose"]
+    with open(store.result_path("choice_regret"), encoding="utf-8") as f:
+        rows = json.load(f)["rows"]
+    ties = sum(r["regret"]["z=0"] == r["regret"]["z=2"] for r in rows)
+    assert f"tied in {ties})" in prose["choice_regret.prose"]
+    assert f"{max(r['regret']['z=0'] for r in rows):.2f} dB (better in" in prose["choice_regret.prose"]
+    check = load("forecaster_check")["runs"]
+    kept = sum(r["picks"]["halves"]["forecaster"] == r["picks"]["never"]["forecaster"] for r in check)
+    worst = min(r["picks"]["halves"]["gain_db"] for r in check)
+    assert f"kept it in {kept} (tied with never switching)" in prose["forecaster_check.prose"]
+    assert f"worst held-out gain over keeping the candidate's forecaster was {render_docs.num(worst, '+.2f')} dB" \
+        in prose["forecaster_check.prose"]
+    fresh = load("fresh_choice")["runs"]
+    d = [r["picks"]["z=1"]["regret_db"] - r["picks"]["never"]["regret_db"] for r in fresh]
+    assert (f"never: better in {sum(v < 0 for v in d)}, worse in {sum(v > 0 for v in d)}, tied in "
+            f"{sum(v == 0 for v in d)})") in prose["fresh_choice.prose"]
+    replaced = sum(r["picks"]["z=1"]["key"] != r["picks"]["never"]["key"] for r in fresh)
+    assert f"worst {max(r['picks']['z=1']['regret_db'] for r in fresh):.2f} dB, {replaced} replacements" in \
+        prose["fresh_choice.prose"]

@@ -12,7 +12,8 @@ from gcache.core import ResidualCache
 
 TINY = {"flux": speed_models.FluxSize(width=32, heads=2, double=1, single=2, lat_h=8, lat_w=8, txt_tokens=6, ctx_dim=16,
                                vec_dim=8),
-        "wan": speed_models.WanSize(width=32, heads=2, depth=2, ffn=64, frames=2, lat_h=4, lat_w=6, txt_tokens=5, ctx_dim=16,
+        "wan": speed_models.WanSize(width=32, heads=2, depth=2, ffn=64, frames=2, lat_h=4, lat_w=6, txt_tokens=5,
+                                    ctx_dim=16,
                              freq_dim=16)}
 
 

@@ -12,9 +12,9 @@ import os
 import re
 import shlex
 import sys
-import tomllib
 
 import pytest
+import tomllib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TREES = sorted(glob.glob(os.path.join(ROOT, "..", "shared", "comfyui", "*", "requirements.txt")))
@@ -108,7 +108,8 @@ def test_every_import_of_the_real_comfyui_suite_is_installed_by_ci():
     with open(os.path.join(ROOT, ".ci", "run")) as f:
         ci = f.read()
     assert "hypothesis" in ci_installs(ci, TREES) and "aiohttp" in ci_installs(ci, TREES)
-    assert not_installed(ci, TREES) == {}, "imported by the real-ComfyUI suite, not installed by .ci/run's ComfyUI venvs"
+    assert not_installed(ci, TREES) == {}, \
+        "imported by the real-ComfyUI suite, not installed by .ci/run's ComfyUI venvs"
     # the check itself: the line without hypothesis (as it was) is caught, naming the file that needs it
     without = ci.replace(" requests pytest hypothesis", " requests pytest")
     assert without != ci

@@ -47,7 +47,8 @@ CASES = [
     ("cluster-ray-and-lpips-backbone-missing", CLUSTER, ["--objective", "lpips_ssim"],
      ["needs Ray", "-m pip install ray==2.60.0", "cluster extra of comfyui-gcache", "LPIPS needs"], [], ("ray",)),
     ("cluster-comfyui-files-missing", CLUSTER,
-     ["--comfyui", "http://127.0.0.1:9", "--workflow", "none.json", "--profile", "none.profile.safetensors", "--k", "3"],
+     ["--comfyui", "http://127.0.0.1:9", "--workflow", "none.json", "--profile", "none.profile.safetensors",
+      "--k", "3"],
      ["Can't read the workflow none.json", "none.profile.safetensors"], [], ()),
 ]
 

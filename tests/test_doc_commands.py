@@ -24,9 +24,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pytest
+from test_docs import doc_files, shell_lines, simple_commands, split_markdown
 
 from gcache.bench import runs, store
-from test_docs import doc_files, shell_lines, simple_commands, split_markdown
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NEEDS = re.compile(r"^\s*\*Needs (?P<what>.+)\*\s*$")
@@ -157,7 +157,8 @@ def executed():
         try:
             try:
                 res = subprocess.run(argv, cwd=REPO if in_repo else work, capture_output=True, text=True,
-                                     timeout=RUN_LIMIT_S, env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": tmp, **env})
+                                     timeout=RUN_LIMIT_S,
+                                     env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": tmp, **env})
             except subprocess.TimeoutExpired as e:  # this command fails its test; the others still run
                 return cmd.text, (None, f"ran past {RUN_LIMIT_S} s: {(e.stdout or b'')[-2000:]!r}", [], None)
             run, result = registered(cmd), None

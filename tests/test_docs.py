@@ -44,7 +44,8 @@ README = os.path.join(REPO, "README.md")
 README_LIMIT = 10_000  # bytes (10 KB): the front door stays short; everything else goes to docs/
 SHELL_LANGS = {"bash", "sh", "shell", "console"}
 ALLOWED_TOOLS = {"cd", "git", "comfy", "bash", "grep", "cp", "mkdir"}  # beyond Python/pip: checked below
-VENV_TOOLS = {"ray": "cluster"}  # commands an extra installs into README's venv (.venv/bin/<tool>): the extra
+# commands an extra installs into README's venv (.venv/bin/<tool>): the extra
+VENV_TOOLS = {"ray": "cluster", "ruff": "test"}
 TEAM_WORDS = ("2-core", "dev machine", "development machine", "ci machine", "was lent", "no gpu was",
               "load average")  # the docs speak about the project, not the machines it was built on
 
@@ -246,12 +247,14 @@ class Shell:
             return
         exe, args = words[0], words[1:]
         if exe in ("python", "python3", "pip", "pip3") and not (exe == "python3" and args[:2] == ["-m", "venv"]):
-            self.bad(where, f"bare `{exe}`: write `.venv/bin/{exe.rstrip('3')}` (or `\"$COMFYUI_PYTHON\"` for ComfyUI's)")
+            self.bad(where, f"bare `{exe}`: write `.venv/bin/{exe.rstrip('3')}` (or `\"$COMFYUI_PYTHON\"` for "
+                            "ComfyUI's)")
             return
         if exe == "python3":  # python3 -m venv DIR
             return
         if exe in VENV_TOOLS:
-            self.bad(where, f"bare `{exe}`: write `.venv/bin/{exe}` (README's venv, with the `{VENV_TOOLS[exe]}` extra)")
+            self.bad(where, f"bare `{exe}`: write `.venv/bin/{exe}` (README's venv, with the `{VENV_TOOLS[exe]}` "
+                            "extra)")
             return
         if exe.endswith(("/python", "/python3")) or exe == "$COMFYUI_PYTHON" or exe.endswith("python.exe"):
             self.python(where, args)
@@ -322,7 +325,8 @@ class Shell:
         if args[:1] == ["-c"] and len(args) > 1:
             return self.code(where, args[1])
         if args[:1] == ["-m"]:
-            self.bad(where, f"`-m {args[1] if len(args) > 1 else ''}`: not a module of this project, pip, venv or pytest")
+            self.bad(where, f"`-m {args[1] if len(args) > 1 else ''}`: not a module of this project, pip, venv or "
+                            "pytest")
             return
         if args and not self.in_repo and args[0] == "main.py":  # ComfyUI's own main.py, in ComfyUI's folder
             return
@@ -506,7 +510,8 @@ def test_the_checker_finds_what_does_not_exist(tmp_path):
                     encoding="utf-8")
     problems = "\n".join(check_doc(str(page), base=os.path.join(REPO, "docs")))
     for expected in ("gcache.bench.no_such_bench", "--no-such-flag", "no_such_extra", "bench/no_such_script.sh",
-                     "bare `python`", "bare `ray`", "test_no_such_test", "core/no_such_file.py", "gcache.core.no_such_module",
+                     "bare `python`", "bare `ray`", "test_no_such_test", "core/no_such_file.py",
+                     "gcache.core.no_such_module",
                      "test_no_such_file.py", "no-such-heading", "no-such-page.md"):
         assert expected in problems, (expected, problems)
 

@@ -231,7 +231,8 @@ def test_summary_reports_counts_and_speedup():
     assert short.stats.step_medians() is None and short.stats.measured_speedup() is None
     assert "measured: too few steps timed (a computed and a skipped one between the first and the last)" in \
         short.summary(0.1)
-    alone = ResidualCache([1, 0], observers=(StepClock(),))  # a skipped step only after the first: nothing to compare it with
+    # a skipped step only after the first: nothing to compare it with
+    alone = ResidualCache([1, 0], observers=(StepClock(),))
     for i in range(2):
         alone.set_step(i)
         alone.run(torch.ones(1, 2, 2), ["c"], lambda h: h * 3)

@@ -10,18 +10,17 @@ import textwrap
 
 import numpy as np
 import pytest
+import stats_oracle as oracle
 import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-import stats_oracle as oracle
 from gcache.core import forecasters, profile_stats
 from gcache.core.engine import ResidualCache
 from gcache.core.errors import GCacheError
 from gcache.core.policy import Policy
 from gcache.core.profile import Profile
-from gcache.core.recorder import ProfileRecorder
-from gcache.core.recorder import forecast_statistics
+from gcache.core.recorder import ProfileRecorder, forecast_statistics
 from gcache.search.dp_forecast import brute_force, forecast_mask_cost
 from gcache.search.instant import instant_policy, propagation_weights
 

@@ -105,9 +105,9 @@ def test_the_commit_before_the_fix_fails_the_check():
 
 
 # ------------------------------------------------------------------------------------------------ README's quick start
-def quickstart(repo, folder):
-    return subprocess.run(["bash", QUICKSTART, str(repo), str(folder)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **GIT_ENV})
+def quickstart(repo, folder, *check):
+    return subprocess.run(["bash", QUICKSTART, str(repo), str(folder), *check], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, **GIT_ENV})
 
 
 def test_ci_runs_readmes_quick_start_as_written():
@@ -146,6 +146,33 @@ def test_the_quick_start_fails_on_a_tracked_venv_and_passes_without_it(tmp_path)
     fine = quickstart(_repo_with_quickstart(tmp_path / "b", commands, venv_link=False), tmp_path / "out-b")
     assert fine.returncode == 0, fine.stdout + fine.stderr
     assert (tmp_path / "out-b" / "clone" / "ran").read_text() == "yes"  # ran in the fresh clone, in order
+
+
+def test_ci_lints_in_the_quick_starts_venv_right_after_its_set_up(tmp_path):
+    """.ci/run hands the lint to the quick start, which runs it after the first command that pip-installs and before
+    the rest (the demo, the suite): a lint error fails CI in its first minutes. The lint is ruff as pyproject.toml
+    pins it in the `test` extra the quick start installs, with the project's line length."""
+    import tomllib
+    ci = open(os.path.join(REPO, ".ci", "run"), encoding="utf-8").read()
+    assert '\n.ci/readme_quickstart "$REPO" "$QUICK" ".venv/bin/ruff check ."\n' in ci
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)
+    assert re.fullmatch(r"ruff==[\d.]+", next(r for r in project["project"]["optional-dependencies"]["test"]
+                                               if r.startswith("ruff")))
+    assert project["tool"]["ruff"]["line-length"] == 120 and {"E", "F", "I"} <= set(project["tool"]["ruff"]["lint"]
+                                                                                   ["select"])
+    commands = ["echo set-up > log", "echo pip install >> log", "echo demo >> log"]
+    ok = quickstart(_repo_with_quickstart(tmp_path / "a", commands, venv_link=False), tmp_path / "out-a",
+                    "echo lint >> log")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert (tmp_path / "out-a" / "clone" / "log").read_text().split() == ["set-up", "pip", "install", "lint", "demo"]
+    failing = quickstart(_repo_with_quickstart(tmp_path / "b", commands, venv_link=False), tmp_path / "out-b",
+                         "exit 3")
+    assert failing.returncode == 1 and "`exit 3` (after the quick start's set-up) exited with 3" in failing.stdout
+    assert "demo" not in (tmp_path / "out-b" / "clone" / "log").read_text()
+    never = quickstart(_repo_with_quickstart(tmp_path / "c", ["echo demo"], venv_link=False), tmp_path / "out-c",
+                       "echo lint")
+    assert never.returncode == 1 and "did not run" in never.stdout
 
 
 def test_a_readme_without_a_quick_start_fails(tmp_path):

@@ -3,11 +3,11 @@ least-squares weights, their mean squared error, the two-step least-squares RMS 
 least squares over the stored residuals (stats_oracle.lstsq_fit)."""
 import numpy as np
 import pytest
+import stats_oracle as oracle
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import stats_oracle as oracle
 from gcache.core.errors import GCacheError
 from gcache.core.profile import Profile
 from gcache.core.recorder import ProfileRecorder

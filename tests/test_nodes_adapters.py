@@ -3,12 +3,26 @@ import pytest
 import torch
 
 from gcache.core.engine import ResidualCache
-from gcache.nodes.patching.adapters import (ADAPTERS, FALLBACK, ObjectCall, Stack, block_slots, choose_adapter,
-                                            estimated_io_share, find_adapter)
-from gcache.nodes.patching.streams import Layout, put_image, take_image
-from gcache.nodes.patching.runtime import (RunState, activate, branch_keys, deactivate, make_dit_patch,
-                                           make_gated_forward)
+from gcache.nodes.patching.adapters import (
+    ADAPTERS,
+    FALLBACK,
+    ObjectCall,
+    Stack,
+    block_slots,
+    choose_adapter,
+    estimated_io_share,
+    find_adapter,
+)
+from gcache.nodes.patching.runtime import (
+    RunState,
+    activate,
+    branch_keys,
+    deactivate,
+    make_dit_patch,
+    make_gated_forward,
+)
 from gcache.nodes.patching.steps import StepTracker
+from gcache.nodes.patching.streams import Layout, put_image, take_image
 
 torch.set_num_threads(1)
 

@@ -134,12 +134,12 @@ def test_auto_ranks_two_searched_policies_by_their_fresh_seed_loss_as_the_search
     files.save_searched(path, _searched(0.10, state="a", fresh=0.40))
     won = files.save_searched(path, _searched(0.20, state="b", fresh=0.30))
     assert won.ours and Policy.load(path).provenance["state"] == "b"
-    assert won.note == "it replaces the policy an earlier search saved there: on the same seeds and reference images, " \
-        "ranked on the 2 fresh seeds its final choice sampled, its loss 0.3 is lower than that one's 0.4"
+    assert won.note == "it replaces the policy an earlier search saved there: on the same seeds and reference " \
+        "images, ranked on the 2 fresh seeds its final choice sampled, its loss 0.3 is lower than that one's 0.4"
     lost = files.save_searched(path, _searched(0.05, state="c", fresh=0.35))  # lower search loss, higher fresh loss
     assert not lost.ours and Policy.load(path).provenance["state"] == "b"
-    assert "ranked on the 2 fresh seeds its final choice sampled, its loss 0.3 is not higher than this search's 0.35" in \
-        lost.note
+    assert "ranked on the 2 fresh seeds its final choice sampled, its loss 0.3 is not higher than this search's " \
+        "0.35" in lost.note
     # only one of the two has a fresh loss: the search-seed loss, said as such
     one = files.save_searched(path, _searched(0.15, state="d"))
     assert one.ours and "ranked on the search seeds (only one has a loss on fresh seeds to rank them by)" in one.note
@@ -165,8 +165,8 @@ def test_a_searched_policy_never_silently_replaces_a_better_one_on_the_same_seed
     better = files.save_searched(path, _searched(0.10, state="d"))
     assert better.ours and Policy.load(path).metrics["loss"] == 0.10
     assert better.note == "it replaces the policy an earlier search saved there: on the same seeds and reference " \
-        "images, ranked on the search seeds (neither has a loss on fresh seeds to rank them by), its loss 0.1 is lower " \
-        "than that one's 0.2"
+        "images, ranked on the search seeds (neither has a loss on fresh seeds to rank them by), its loss 0.1 is " \
+        "lower than that one's 0.2"
     again = files.save_searched(path, _searched(0.15, state="d"))  # the same search resumed: the lower loss still
     assert not again.ours and Policy.load(path).metrics["loss"] == 0.10
     # other seeds (or another objective): the losses don't compare; the earlier one is kept beside, in Apply's list
@@ -192,6 +192,7 @@ def test_the_searched_file_holds_the_best_of_the_latest_references(saves):
     """Against a fold by hand: within one set of references the lowest loss stays (a tie keeps the earlier); another
     set of references takes the file and the one there is kept beside it."""
     import tempfile
+
     from gcache.core.policy import Policy
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "auto_K3_searched.json")

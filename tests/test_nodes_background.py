@@ -4,13 +4,13 @@ import json
 import os
 
 import pytest
+from test_search_bilevel import CFG, Evaluator, make_profile
 
 from gcache.core.errors import GCacheError
 from gcache.nodes.search_jobs.background import MOVES, Job, Jobs, file_names
-from gcache.search.loop import run_search
 from gcache.search.config import SearchConfig
+from gcache.search.loop import run_search
 from gcache.search.state import load_state
-from test_search_bilevel import CFG, Evaluator, make_profile
 
 
 @pytest.mark.parametrize("text, shown", [

@@ -2,18 +2,17 @@
 loop asks for GCache's real dit patches (runtime.make_dit_patch): a correct adapter passes with the run's output
 untouched; a wrong token range, blocks writing into their input, a loop that never calls a patch each fail; calls
 the replay can't make are "not checked", never a failure of the call (headless)."""
-from types import SimpleNamespace
-
 import logging
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from gcache.core.engine import ResidualCache
+from gcache.core.recorder import ProfileRecorder
 from gcache.core.selfcheck import FAIL, NOT_CHECKED, PASS
 from gcache.nodes.patching import streams
 from gcache.nodes.patching.adapters import Adapter, BlockSlot, Route, Stack
-from gcache.core.recorder import ProfileRecorder
 from gcache.nodes.patching.runtime import RunState, activate, current_run, deactivate, make_dit_patch
 from gcache.nodes.patching.selfcheck import RunCheck
 from gcache.nodes.patching.steps import StepTracker
@@ -87,8 +86,9 @@ def patches(owner):
 def sample(model, check=None, topts=None, owner="toy", batch=2, separate=False, observers=(), lanes=None,
            cache_device=None):
     """Euler over SIGMAS with the model called through `check` (as hooks._apply_model does: begin_call, the call and,
-    with `lanes`, end_call), and the run's stats. `separate`: cond and uncond in calls of their own (ComfyUI does so when their
-    shapes or hooks differ), else batched in one; `lanes`: a list that gets the lane's state after every call."""
+    with `lanes`, end_call), and the run's stats. `separate`: cond and uncond in calls of their own (ComfyUI does so
+    when their shapes or hooks differ), else batched in one; `lanes`: a list that gets the lane's state after every
+    call."""
     run = RunState(lambda: ResidualCache(None, cache_device=cache_device, observers=observers), StepTracker(SIGMAS),
                    owner)
     run.selfcheck = check

@@ -3,7 +3,7 @@ import pytest
 
 from gcache.core.errors import GCacheError
 from gcache.core.policy import Policy
-from gcache.nodes.patching.steps import Schedule, StepTracker, find_schedule, offset_in, normalized_times, place_policy
+from gcache.nodes.patching.steps import Schedule, StepTracker, find_schedule, normalized_times, offset_in, place_policy
 
 SIG = [1.0, 0.8, 0.6, 0.4, 0.2, 0.0]  # 5 steps
 

@@ -91,8 +91,8 @@ def test_one_line_per_verdict_and_the_same_text_on_the_node(result, level, words
     shown = []
     monkeypatch.setattr(verdicts, "show", lambda node_id, text: shown.append((node_id, text)))
     s = subject(tmp_path, node_id="7")
-    outcome = {"pass": PASS, "fail": FAIL, "not checked": Outcome(why="ComfyUI's MultiGPU CFG split runs this call in a "
-                                                                      "thread of its own device")}[result]
+    outcome = {"pass": PASS, "fail": FAIL, "not checked": Outcome(why="ComfyUI's MultiGPU CFG split runs this call in "
+                                                                      "a thread of its own device")}[result]
     with caplog.at_level(logging.INFO, logger="gcache"):
         verdicts.say(s.record(outcome), s)
     records = [r for r in caplog.records if r.name == "gcache"]

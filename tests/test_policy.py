@@ -137,6 +137,7 @@ def test_saved_files_get_normal_permissions(tmp_path):
 
 def test_for_mask_is_the_policy_of_a_profile_a_mask_and_a_forecaster():
     import torch
+
     from gcache.core import forecasters
     from gcache.core.recorder import ProfileRecorder
     n = 6

@@ -151,6 +151,7 @@ def test_merge_refuses_other_step_count_schedule_or_model():
 
 def test_edited_metadata_and_values_are_refused():
     import json as _json
+
     from safetensors.torch import load, save
     rec = ProfileRecorder([1.0, 0.5])
     for i in range(2):

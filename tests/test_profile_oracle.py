@@ -5,13 +5,13 @@ import math
 
 import numpy as np
 import pytest
+import stats_oracle as oracle
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_profile import SpyRecorder  # keeps what the engine hands the recorder: the oracle's input
 
 import gcache.core.recorder as core_recorder
-import stats_oracle as oracle
-from test_profile import SpyRecorder  # keeps what the engine hands the recorder: the oracle's input
 from gcache.core.engine import CacheStats, ResidualCache
 from gcache.core.errors import GCacheError
 from gcache.core.profile import MAX_SAMPLE_KEYS, Profile
@@ -204,9 +204,9 @@ def test_rel_h_differences_are_not_rounded_to_the_input_dtype(dtype):
 @CI
 @given(st.booleans(), st.integers(1, 2), st.integers(0, 2**31 - 1), st.sampled_from([None, "cpu"]))
 def test_profile_mode_through_the_engine_equals_the_oracle(dtype, forecast, n_branches, seed, history_device):
-    """ResidualCache(None, observers=(recorder, …)) as GCache Profile drives it: blocks that write into their input (LTXV), CFG
-    branches batched in one call; the recorder sees h as it entered and δ = z − h, and its statistics are the
-    oracle's on exactly those values."""
+    """ResidualCache(None, observers=(recorder, …)) as GCache Profile drives it: blocks that write into their input
+    (LTXV), CFG branches batched in one call; the recorder sees h as it entered and δ = z − h, and its statistics are
+    the oracle's on exactly those values."""
     n, times = 5, [1.0, 0.8, 0.55, 0.3, 0.1]
     g = torch.Generator().manual_seed(seed)
     branches = ["cond", "uncond"][:n_branches]

@@ -5,18 +5,18 @@ import pathlib
 import subprocess
 
 import numpy as np
+import profile_fixture
 import pytest
 import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-import profile_fixture
 from gcache.core.errors import GCacheError
 from gcache.core.profile import E_DEFINITION, PROFILE_VERSION, Profile
 from gcache.core.recorder import ProfileRecorder
-from gcache.search.loop import run_search
 from gcache.search.config import SearchConfig
 from gcache.search.instant import choose_forecaster, instant_policy
+from gcache.search.loop import run_search
 
 TIMES = [1.0, 0.8, 0.6, 0.4, 0.2]
 

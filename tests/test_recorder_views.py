@@ -4,9 +4,9 @@ the triple pass's block before and after others take or consume them (one even o
 recorder's own E and the built-in statistics stay equal to the brute-force oracle (stats_oracle.py)."""
 import numpy as np
 import pytest
+import stats_oracle as oracle
 import torch
 
-import stats_oracle as oracle
 from gcache.core import forecasters, profile_stats
 from gcache.core.recorder import ProfileRecorder
 

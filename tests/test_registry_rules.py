@@ -28,7 +28,8 @@ def violations(src: str, name: str = "<src>") -> list[str]:
     found = []
     for node in ast.walk(ast.parse(src, name)):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("exec", "eval"):
-            found.append(f"{name}:{node.lineno}: {node.func.id}() (ruff {'S102' if node.func.id == 'exec' else 'S307'})")
+            found.append(f"{name}:{node.lineno}: {node.func.id}() (ruff "
+                         f"{'S102' if node.func.id == 'exec' else 'S307'})")
     for tok in tokenize.generate_tokens(io.StringIO(src).readline):
         if tok.type == tokenize.OP and tok.string == ";":
             found.append(f"{name}:{tok.start[0]}: two statements on one line (ruff E702)")

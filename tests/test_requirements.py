@@ -30,7 +30,8 @@ def requirements_txt(path: str) -> list[str]:
         line = line.split(" #", 1)[0].strip()  # pip's inline comments need a space before '#'
         if not line or line.startswith("#"):
             continue
-        assert not line.startswith("-"), f"{path}: option line {line!r}: keep requirements.txt plain (Manager, comfy-cli)"
+        assert not line.startswith("-"), \
+            f"{path}: option line {line!r}: keep requirements.txt plain (Manager, comfy-cli)"
         out.append(line)
     return out
 

@@ -1,13 +1,21 @@
 """Baselines: exactly K computed steps with step 0 for every K; each one does what it says."""
 import numpy as np
 import pytest
+from test_search_bilevel import make_profile
 
 from gcache.core.errors import GCacheError
 from gcache.core.weights import analytic_w
-from gcache.search.baselines import (_teacache_run, all_baselines, local_dp_policy, teacache_mask, teacache_policy,
-                                     theory_dp_policy, uniform_mask, uniform_policy)
+from gcache.search.baselines import (
+    _teacache_run,
+    all_baselines,
+    local_dp_policy,
+    teacache_mask,
+    teacache_policy,
+    theory_dp_policy,
+    uniform_mask,
+    uniform_policy,
+)
 from gcache.search.dp import dp_mask
-from test_search_bilevel import make_profile
 
 
 def test_every_baseline_gives_exactly_k_for_every_k():

@@ -7,10 +7,10 @@ import pytest
 from gcache.core.errors import GCacheError
 from gcache.core.profile import Profile
 from gcache.core.weights import bernstein_w
-from gcache.search.loop import SearchInterrupted, mask_key, run_search
 from gcache.search.config import SearchConfig
-from gcache.search.state import check_state, load_state
 from gcache.search.dp import mask_cost
+from gcache.search.loop import SearchInterrupted, mask_key, run_search
+from gcache.search.state import check_state, load_state
 
 N = 14
 
@@ -252,7 +252,8 @@ def test_larger_budget_continues_a_finished_search(tmp_path):
     lambda st: st.__setitem__("pending", [{"kind": "gp", "s": [1.0], "mask": st["history"][0]["mask"]}]),
     lambda st: st.__setitem__("pending", [{"kind": "grid", "s": [1.0, 2.0, 3.0], "mask": "1"}]),
     lambda st: st.__setitem__("pending", [{"kind": "magic", "s": [1.0, 2.0, 3.0], "mask": st["history"][0]["mask"]}]),
-    lambda st: st.__setitem__("pending", [{"kind": "polish", "s": None, "mask": st["history"][0]["mask"]}]),  # no parent
+    # no parent
+    lambda st: st.__setitem__("pending", [{"kind": "polish", "s": None, "mask": st["history"][0]["mask"]}]),
     lambda st: st["polish"].__setitem__("guard", "magic"),
     lambda st: st["polish"].__setitem__("incumbent", "01"),
     lambda st: st.pop("starts"),
@@ -344,6 +345,26 @@ def test_an_unchecked_searched_winner_is_logged(caplog, per_seed, says):
     assert res.s_best is not None  # a searched mask won
     assert ("searched mask was kept without checking its gain" in caplog.text) == says
     assert "1 seed, objective" in caplog.text
+    # a one-seed search says once, at its start, which rules decide by the mean alone (a reuse search: the polish's)
+    assert caplog.text.count("1 seed: the polish guard decides by a lower mean loss alone") == 1
+
+
+def test_a_search_of_two_seeds_or_an_unknown_count_says_nothing_of_one_seed(caplog):
+    prof = make_profile()
+    ev = Evaluator(prof)
+    for prov in ({"seeds": [7, 8]}, {}):
+        with caplog.at_level("INFO", logger="gcache"):
+            run_search(prof, SearchConfig(**dict(CFG, budget=14)), lambda m: [ev(m), ev(m) * 1.1], provenance=prov)
+    assert "1 seed:" not in caplog.text
+
+
+def test_a_profile_fitted_one_seed_search_names_every_rule_it_skips():
+    from gcache.search import paired
+    assert paired.LEAST_SEEDS == 2  # the halves (the forecaster check) need two seeds
+    says = paired.one_seed_fallbacks(True)
+    assert says.startswith("1 seed: the polish guard, the forecaster check and the final choice on fresh seeds decide "
+                           "by a lower mean loss alone") and says.endswith("use 2 or more seeds")
+    assert "forecaster check" not in paired.one_seed_fallbacks(False)
 
 
 def test_an_instant_winner_is_not_called_unchecked(caplog):
@@ -376,8 +397,8 @@ def test_resumed_search_says_so(tmp_path, caplog):
 def test_a_searched_mask_with_a_lower_loss_wins_and_a_noise_margin_is_a_rule_option(spread):
     """The final choice takes a lower mean loss (paired.CHOICE_Z = 0, measured by bench/choice_regret.py); a margin of
     2 standard errors over the seeds (the rule before it) keeps the start mask when the gain is within the noise."""
+    from gcache.bench.choice_regret import choose_under
     from gcache.search import paired
-    from gcache.search.choice import choose
     from gcache.search.starts import instant_masks
     prof = make_profile()
     inst = {mask_key(m) for _, m, _ in instant_masks(prof, CFG["k"])}
@@ -387,10 +408,9 @@ def test_a_searched_mask_with_a_lower_loss_wins_and_a_noise_margin_is_a_rule_opt
             return [0.5, 0.5, 0.5, 0.5]
         return [0.495 - spread, 0.495 + spread, 0.495 - spread, 0.495 + spread]
     res = run_search(prof, SearchConfig(**CFG), evaluate)
-    assert mask_key(res.policy.mask) not in inst and res.policy.provenance["chosen"] != "instant_within_noise"
-    strict = choose(res.state, rule=paired.beyond_z(2.0))
-    assert (strict.entry["mask"] in inst) == (spread > 0)  # 0.005 within a spread of ±0.055: 0.09 standard errors
-    assert (strict.how == "instant_within_noise") == (spread > 0)
+    assert mask_key(res.policy.mask) not in inst and res.policy.provenance["chosen"] == "best_evaluated"
+    strict = choose_under(res.state, paired.beyond_z(2.0))
+    assert (strict["mask"] in inst) == (spread > 0)  # 0.005 within a spread of ±0.055: 0.09 standard errors
 
 
 def test_the_best_entry_is_the_lowest_loss_and_the_earliest_on_a_tie():

@@ -4,6 +4,8 @@ import os
 import re
 
 import pytest
+from test_forecaster_l2p import profile_of, trajectories
+from test_search_bilevel import CFG, Evaluator, N, make_profile
 
 from gcache.core import forecasters
 from gcache.core.errors import GCacheError
@@ -11,8 +13,6 @@ from gcache.search import budget
 from gcache.search.config import SearchConfig
 from gcache.search.loop import run_search
 from gcache.search.starts import start_masks
-from test_forecaster_l2p import profile_of, trajectories
-from test_search_bilevel import CFG, N, Evaluator, make_profile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHIPPED = [n for n in forecasters.names()  # not the rivals bench/rivals.py registers for its rows
@@ -45,7 +45,8 @@ def test_the_least_budget_is_the_start_masks_the_grid_and_one_proposal(profiles,
 def test_the_numbers_users_read_are_the_brute_counts(profiles):
     counts = [len(start_masks(profiles[stats], 3, name)) for name in SHIPPED for stats in (False, True)
               if stats or not forecasters.get(name).forecasts]
-    assert budget.start_range() == (min(counts), max(counts)) == (3, 8 + 6 + 1)  # fitted: 4 error models, l2p's 3, theory and local; the TeaCache-like mask
+    # fitted: 4 error models, l2p's 3, theory and local; the TeaCache-like mask
+    assert budget.start_range() == (min(counts), max(counts)) == (3, 8 + 6 + 1)
     forecasting = [n for n in SHIPPED if forecasters.get(n).forecasts]
     assert budget.minimum_budgets(3) == {"reuse": brute_least(profiles[False], "reuse", 3),
                                          "forecasting": max(brute_least(profiles[True], n, 3) for n in forecasting)}

@@ -6,8 +6,8 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="Ray is the optional 'cluster' extra: pip install -e '.[test,cluster]'")
 
-from gcache.search.config import SearchConfig  # noqa: E402
 from gcache.reference_model.cluster import ReferenceWorker  # noqa: E402
+from gcache.search.config import SearchConfig  # noqa: E402
 from gcache.search.infra.ray_executor import RayExecutor  # noqa: E402
 from gcache.search.loop import run_batch_search  # noqa: E402
 
@@ -49,10 +49,10 @@ def test_two_workers_finish_the_search_and_survive_a_killed_worker(cluster, prof
 
 
 def test_cluster_command_writes_policy_and_state(cluster, tmp_path, capsys):
-    from gcache.reference_model.cluster import main
     import json
 
     from gcache.core.policy import Policy
+    from gcache.reference_model.cluster import main
     from gcache.reference_model.harness import ReferenceHarness
     assert main(["--workers", "2", "--steps", "8", "--k", "3", "--budget", "14", "--degree", "2",
                  "--search-seeds", "100-101", "--eval-seeds", "0-1", "--out", str(tmp_path)]) == 0
@@ -99,7 +99,8 @@ def test_comfyui_mode_reports_a_dead_server_and_keeps_its_state_for_that_workflo
     assert "belongs to another search" in err and "another ComfyUI workflow" in err
     assert main(args + ["--workflow", str(paths["a"])]) == 2  # same workflow: resumed, and the server still down
     err = capsys.readouterr().err
-    assert "python -m gcache.reference_model.cluster: error: ComfyUI at http://127.0.0.1:" in err and "unreachable" in err
+    assert "python -m gcache.reference_model.cluster: error: ComfyUI at http://127.0.0.1:" in err
+    assert "unreachable" in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert "ray::" not in err  # the worker's own message, not Ray's wrapper with the remote traceback
 

@@ -37,7 +37,8 @@ def test_a_fitted_search_command_checks_the_other_forecaster_and_measures_its_po
     state = json.loads((tmp_path / "search_state_N8_K3.json").read_text())
     checked = state["forecasters"]["mask"]  # the check ran: the candidate it chose, under the other forecaster
     base = checked.partition("@")[2] or "fitted"
-    assert state["config"]["forecast"] == "fitted" and set(state["forecasters"]["results"]) == {"fitted", "l2p"} - {base}
+    assert state["config"]["forecast"] == "fitted"
+    assert set(state["forecasters"]["results"]) == {"fitted", "l2p"} - {base}
     assert any(h["mask"].endswith("@l2p") for h in state["history"])  # l2p's start masks were measured
     assert pol.forecast in ("fitted", "l2p") and pol.provenance["forecast"]["check"]["searched_with"] == base
     assert pol.metrics["eval_psnr"] == h.held_out(pol, [0, 1])["eval_psnr"]  # under the policy's own forecaster
@@ -47,7 +48,8 @@ def test_a_fitted_search_command_checks_the_other_forecaster_and_measures_its_po
 def test_quality_bench_runs(tiny_model, capsys):
     from gcache.bench.quality import METHODS, main
     out = main(["--steps", "6", "--budget", "24", "--degree", "2", "--search-seeds", "100-101", "--eval-seeds", "0-1",
-                "--objective", "psnr", "--gp-seeds", "0-1"], harness_factory=lambda n: ReferenceHarness(n, model=tiny_model))
+                "--objective", "psnr", "--gp-seeds", "0-1"],
+               harness_factory=lambda n: ReferenceHarness(n, model=tiny_model))
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert json.loads(last) == json.loads(json.dumps(out))
     assert {r["method"] for r in out["rows"]} == set(METHODS) and {r["K"] for r in out["rows"]} == {2, 3, 4}
@@ -68,7 +70,8 @@ def test_quality_bench_runs(tiny_model, capsys):
     for k in ("2", "3", "4"):  # the forecast keys are the differences of the rows they name
         fit = at[(int(k), "instant_fitted")] - at[(int(k), "instant_linear")]
         inst = at[(int(k), "instant_auto")] - at[(int(k), "instant_1batch")]
-        assert abs(out["fitted_minus_linear_db"][k] - fit) < 2e-3 and abs(out["instant_forecast_minus_reuse_db"][k] - inst) < 2e-3
+        assert abs(out["fitted_minus_linear_db"][k] - fit) < 2e-3
+        assert abs(out["instant_forecast_minus_reuse_db"][k] - inst) < 2e-3
         assert out["auto_forecaster"][k] in ("reuse", "linear", "fitted")
         runs = out["polish_runs"][k]  # the polish gain is the median of the paired per-GP-seed differences
         assert set(runs) == {"0", "1"} and abs(out["polish_gain_db"][k] - sorted(

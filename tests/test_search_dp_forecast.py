@@ -1,12 +1,12 @@
 """The order-1 forecast DP (headless): exact against brute force, locally optimal at N = 50, its search/instant use."""
 import numpy as np
 import pytest
+from test_search_bilevel import CFG, make_profile
 
 from gcache.core.errors import GCacheError
 from gcache.search.dp import dp_mask
 from gcache.search.dp_forecast import brute_force, dp_mask_forecast, forecast_mask_cost
 from gcache.search.instant import instant_policy
-from test_search_bilevel import CFG, make_profile
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -58,8 +58,8 @@ def test_bad_e1_and_profiles_without_it_say_what_to_do():
 
 
 def test_forecast_search_uses_e1_seeds_the_reuse_mask_and_records_the_forecaster():
-    from gcache.search.loop import run_search
     from gcache.search.config import SearchConfig
+    from gcache.search.loop import run_search
     prof = make_profile()
     rng = np.random.default_rng(1)
     prof.e1_sum = rng.random((prof.n_steps,) * 3) * prof.count

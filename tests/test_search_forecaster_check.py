@@ -5,15 +5,15 @@ import json
 import logging
 
 import pytest
+from test_forecaster_l2p import profile_of, trajectories
 
 from gcache.core.errors import GCacheError
 from gcache.core.policy import Policy
 from gcache.search import end_game, paired
-from gcache.search.loop import mask_key, run_search
 from gcache.search.config import SearchConfig
 from gcache.search.end_game import Candidate, fitted_forecasters, pick
+from gcache.search.loop import mask_key, run_search
 from gcache.search.state import load_state
-from test_forecaster_l2p import profile_of, trajectories
 
 CFG = dict(k=5, degree=2, budget=26, seed=1, objective="ssim", n_candidates=256, acq_polish=2, forecast="fitted")
 
@@ -60,7 +60,8 @@ def test_pick_by_hand():
 
 
 def test_candidates_are_the_other_profile_fitted_forecasters(prof):
-    assert fitted_forecasters(prof, "fitted") == ["fitted", "l2p"] and fitted_forecasters(prof, "l2p") == ["l2p", "fitted"]
+    assert fitted_forecasters(prof, "fitted") == ["fitted", "l2p"]
+    assert fitted_forecasters(prof, "l2p") == ["l2p", "fitted"]
     assert fitted_forecasters(prof, "linear") == [] and fitted_forecasters(prof, "reuse") == []  # a fixed rule
     samples, times = trajectories()
     assert fitted_forecasters(profile_of(samples, times, forecast=False), "fitted") == ["fitted"]  # l2p can't fit

@@ -5,13 +5,13 @@ import json
 import logging
 
 import pytest
+from test_forecaster_l2p import profile_of, trajectories
 
 from gcache.search import end_game
 from gcache.search.config import SearchConfig
 from gcache.search.end_game import finalists, fresh_seeds, on_fresh_seeds
 from gcache.search.loop import run_search
 from gcache.search.state import SearchState, load_state
-from test_forecaster_l2p import profile_of, trajectories
 
 CFG = dict(k=5, degree=2, budget=26, seed=1, objective="ssim", n_candidates=256, acq_polish=2, forecast="fitted")
 

@@ -1,15 +1,15 @@
 """Instant policies (headless): the DP under analytic weights, budgets from a target speed-up, the picture."""
 import numpy as np
 import pytest
+from test_search_bilevel import make_profile
 
 from gcache.core.errors import GCacheError
 from gcache.core.policy import k_for_speedup, predicted_speedup
 from gcache.core.weights import analytic_w, bernstein_w
 from gcache.search.baselines import local_dp_policy, theory_dp_policy
 from gcache.search.dp import dp_mask
-from gcache.search.instant import instant_policy, propagation_weights
 from gcache.search.infra.plots import plot_policy
-from test_search_bilevel import make_profile
+from gcache.search.instant import instant_policy, propagation_weights
 
 
 def test_theory_and_local_are_the_dp_under_their_weights():
@@ -58,9 +58,10 @@ def test_policy_picture_has_both_panels():
 def test_auto_policy_is_its_forecaster_on_the_reuse_policys_mask():
     """Auto's mask for a forecasting forecaster is the reuse DP's theory mask (AUTO_ERROR_MODEL), with the
     forecaster's parameters fitted to that mask; reuse's own is its DP's."""
+    from test_search_polish import _recorded_profile
+
     from gcache.core.policy import Policy
     from gcache.search.instant import auto_error_model, auto_policy, instant_policy
-    from test_search_polish import _recorded_profile
     prof, _, _ = _recorded_profile(seed=6)
     for k in (2, 3, 4):
         reuse_mask = instant_policy(prof, k, "theory", forecast="reuse").mask

@@ -6,19 +6,19 @@ from itertools import combinations
 
 import numpy as np
 import pytest
+from test_forecaster_l2p import profile_of, trajectories
+from test_search_bilevel import CFG, N, make_profile
 
 from gcache.core.weights import bernstein_w
+from gcache.search import end_game as end_game_module
+from gcache.search.choice import choose
 from gcache.search.config import SearchConfig
 from gcache.search.dp import mask_cost
 from gcache.search.executor import InProcessExecutor
 from gcache.search.gp import KAPPA_START, start_grid
 from gcache.search.infra.parallel import ThreadExecutor
-from gcache.search import end_game as end_game_module
-from gcache.search.choice import choose
 from gcache.search.loop import SearchLoop, mask_key
 from gcache.search.starts import instant_masks
-from test_forecaster_l2p import profile_of, trajectories
-from test_search_bilevel import CFG, N, make_profile
 
 FITTED = dict(k=5, degree=2, budget=26, seed=1, objective="ssim", n_candidates=256, acq_polish=2, forecast="fitted")
 

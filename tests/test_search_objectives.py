@@ -2,8 +2,8 @@
 import io
 import os
 import urllib.error
-import warnings
 import urllib.request
+import warnings
 
 import numpy as np
 import pytest
@@ -92,6 +92,7 @@ def test_offline_backbone_download_names_file_folder_and_alternatives(tmp_path, 
 def test_backbone_is_downloaded_on_first_use_and_checked(tmp_path, monkeypatch, caplog):
     """A stand-in AlexNet file (random weights) served from memory: downloaded once, hash-checked, loaded."""
     import hashlib
+
     import torchvision
     buf = io.BytesIO()
     torch.save(torchvision.models.alexnet(weights=None).state_dict(), buf)
@@ -174,6 +175,7 @@ def test_real_lpips_orders_distortions():
 def test_lpips_reads_every_pth_with_weights_only_and_gets_the_papers_lin_layers(monkeypatch):
     import lpips
     import torch
+
     from gcache.search.infra import objectives as ob
     seen = []
     real_load = torch.load

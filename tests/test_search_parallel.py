@@ -4,13 +4,13 @@ import threading
 
 import numpy as np
 import pytest
+from test_search_bilevel import CFG, Evaluator, make_profile
 
 from gcache.core.errors import GCacheError
-from gcache.search.executor import InProcessExecutor
-from gcache.search.loop import run_batch_search, run_search
 from gcache.search.config import SearchConfig
+from gcache.search.executor import InProcessExecutor
 from gcache.search.infra.parallel import ThreadExecutor
-from test_search_bilevel import CFG, Evaluator, make_profile
+from gcache.search.loop import run_batch_search, run_search
 
 
 class Counting(Evaluator):
@@ -38,7 +38,8 @@ def test_batch_search_spends_the_budget_once_per_mask(q, tmp_path):
         ex.close()
     assert len(res.history) == CFG["budget"] and [h["i"] for h in res.history] == list(range(CFG["budget"]))
     assert len(ev.calls) == len(set(ev.calls)) == res.evaluations  # each distinct mask evaluated once
-    assert sorted(h.get("method") for h in res.history if h["kind"] == "instant") == ["local_dp", "teacache", "theory_dp"]
+    assert sorted(h.get("method") for h in res.history if h["kind"] == "instant") == ["local_dp", "teacache",
+                                                                                     "theory_dp"]
     state = json.loads((tmp_path / "s.json").read_text())
     assert state["done"] and state["pending"] == []
     assert res.policy.n_computed == CFG["k"] and res.policy.metrics["loss"] <= min(h["loss"] for h in res.history)

@@ -1,10 +1,10 @@
 """Plots are Pillow images of the search (from a result or a state dict) and of a profile."""
 from PIL import Image
+from test_search_bilevel import CFG, Evaluator, make_profile
 
-from gcache.search.loop import run_search
 from gcache.search.config import SearchConfig
 from gcache.search.infra.plots import plot_profile, plot_search
-from test_search_bilevel import CFG, Evaluator, make_profile
+from gcache.search.loop import run_search
 
 
 def test_plots_render():

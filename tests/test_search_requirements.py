@@ -64,5 +64,6 @@ def test_missing_and_broken_together_are_both_named(tmp_path, monkeypatch):
         req.require("skimage", "gcache_broken_pkg2")
     msg = str(e.value)
     assert "needs scikit-image, which is not installed" in msg
-    assert "needs gcache_broken_pkg2, which is installed but does not import (`import gcache_broken_pkg2`: DLL load failed)" in msg
+    assert "needs gcache_broken_pkg2, which is installed but does not import (`import gcache_broken_pkg2`: DLL load " \
+        "failed)" in msg
     assert msg.count("pip install -r") == 1

@@ -2,13 +2,13 @@
 speed-up an evaluation predicts (as GCache Apply computes it from the policy it applies) and the speed-up the saved
 policy states are one figure."""
 import pytest
+from test_search_bilevel import CFG, Evaluator, make_profile
 
 from gcache.core.io_share import IoShare
 from gcache.core.policy import predicted_speedup
 from gcache.search.config import SearchConfig
 from gcache.search.loop import run_search
 from gcache.search.result import predicted_speedup_text, searched_policy
-from test_search_bilevel import CFG, Evaluator, make_profile
 
 ESTIMATE = 0.2  # what Apply falls back to for a policy without an io share (the parameter-count estimate)
 

@@ -7,14 +7,13 @@ import math
 import shutil
 
 import pytest
+import search_fixture as fx
 
 from gcache.core.policy import Policy
 from gcache.core.profile import Profile
 from gcache.search.config import SearchConfig
 from gcache.search.loop import run_search
 from gcache.search.state import load_state, migrated
-
-import search_fixture as fx
 
 TIMINGS = ("seconds", "gp_seconds")  # wall-clock figures: they differ from run to run
 

@@ -3,11 +3,11 @@ state nor its file; the writes are SearchState's methods."""
 import json
 
 import pytest
+from test_forecaster_l2p import profile_of, trajectories
 
 from gcache.search.config import SearchConfig
 from gcache.search.loop import run_search
 from gcache.search.state import SearchState
-from test_forecaster_l2p import profile_of, trajectories
 
 CFG = dict(k=5, degree=2, budget=26, seed=1, objective="ssim", n_candidates=256, acq_polish=2, forecast="fitted")
 

@@ -10,8 +10,18 @@ import pytest
 from gcache.core.errors import GCacheError
 from gcache.core.policy import Policy
 from gcache.core.profile import Profile
-from gcache.core.verdicts import (MAX_RECORDS, VerdictBook, checks_of, failed, merged_checks, record, stamp,
-                                  subject_key, summary, with_check)
+from gcache.core.verdicts import (
+    MAX_RECORDS,
+    VerdictBook,
+    checks_of,
+    failed,
+    merged_checks,
+    record,
+    stamp,
+    subject_key,
+    summary,
+    with_check,
+)
 
 
 def verdict(result="pass", **kw):

@@ -22,6 +22,8 @@ these its default (DEFAULTS) when a forecaster doesn't set it:
                    reference runs record the forecast statistics
     needs_profile  its parameters are fitted to each mask from a profile (fit): whoever applies it must hold the
                    profile (a ComfyUI worker doesn't)
+    can_fit        (profile) -> whether its fit and its DP can run on that profile (by default: the profile holds
+                   every statistic in `needs`); the search asks it before it measures a forecaster's start masks
     dp_of          the forecaster whose exact DP its dp_errors are when it has none of its own (quadratic: linear)
     auto_candidate auto mode's choose_forecaster considers it (search/instant.py); it then needs two_step_c
     check_params   (params, mask) -> None, or a GCacheError saying what is wrong (Policy.validate)
@@ -60,6 +62,8 @@ class Forecaster(Protocol):
     auto_candidate: bool
     two_step_form: bool
 
+    def can_fit(self, profile) -> bool: ...
+
     def check_params(self, params: dict, mask: Sequence[int]) -> None: ...
 
     def two_step_c(self, profile, st, fold: Optional[int] = None) -> Optional[np.ndarray]: ...
@@ -75,6 +79,7 @@ def no_params(params: dict, mask: Sequence[int], name: str = "this") -> None:
 def _defaults(fc) -> dict:
     return {"label": fc.name, "rank": 100, "needs": (), "forecasts": True, "needs_profile": False, "dp_of": None,
             "auto_candidate": False,
+            "can_fit": lambda profile: all(profile.has(stat) for stat in fc.needs),
             "check_params": lambda params, mask: no_params(params, mask, fc.name),
             "two_step_c": lambda profile, st, fold=None: None}
 

@@ -2,7 +2,8 @@
 pooled least-squares fit over the profile's samples (core/fit_stats.py). α = 0 is reuse and α = (t_j − t_i)/
 (t_i − t_p) the linear forecast, so on the profile it is never worse than either (in the squared error it is
 fitted to). The policy stores the α of each skipped step for the (p, i) the mask gives it, and a step whose branch
-kept other steps (a forced computation) forecasts linearly. Its DP errors are the linear forecast's mean |errors| scaled by the fitted-to-linear RMS ratio (dp_errors)."""
+kept other steps (a forced computation) forecasts linearly. Its DP errors are the linear forecast's mean |errors|
+scaled by the fitted-to-linear RMS ratio (dp_errors)."""
 from __future__ import annotations
 
 import math

@@ -288,7 +288,8 @@ class AutoConfig(ModeConfig):
         pol.metrics.update(share.metrics(pol.n_steps, pol.n_computed))
         stamp(pol.provenance, profile.meta)
         pol.provenance["auto"] = {"model": self.model_name, "key": self.key, "speedup": self.speedup,
-                                  "version": AUTO_VERSION, "forecaster_scores": {n: round(v, 6) for n, v in scores.items()},
+                                  "version": AUTO_VERSION,
+                                  "forecaster_scores": {n: round(v, 6) for n, v in scores.items()},
                                   "forecaster": "Apply's forecast input" if self.forecast is not None else
                                   "lowest held-out bound of the profile"}
         if scores:
@@ -345,5 +346,6 @@ def auto_config(model, folder: str, speedup: float, on_mismatch: str = "remap",
         raise GCacheError(f"auto_speedup must be at least 1.0, got {speedup}.")
     check_step_mismatch(on_mismatch)
     fields = ModeConfig.of_model(model, folder, node_id)
-    return AutoConfig(**fields, folder=folder, key=fields["subject"].key, speedup=float(speedup), on_mismatch=on_mismatch,
+    return AutoConfig(**fields, folder=folder, key=fields["subject"].key, speedup=float(speedup),
+                      on_mismatch=on_mismatch,
                       cache_device=cache_device, forecast=None if forecast is None else forecasters.canonical(forecast))

@@ -44,7 +44,8 @@ def catalog_for(model_sampling) -> ScheduleCatalog:
     return cat
 
 
-def where_run(patcher, run_sigmas: list[float], policy_sigmas, is_own_tail) -> tuple[Schedule, list[float], StepTracker]:
+def where_run(patcher, run_sigmas: list[float], policy_sigmas,
+              is_own_tail) -> tuple[Schedule, list[float], StepTracker]:
     """The run's place in its full schedule, the normalized time of each of that schedule's steps, its step tracker."""
     ms = patcher.get_model_object("model_sampling")
     sched = place_run(run_sigmas, float(ms.sigma_max), policy_sigmas, catalog_for(ms), is_own_tail)

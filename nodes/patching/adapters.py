@@ -255,8 +255,8 @@ def choose_adapter(diffusion_model) -> Adapter:
             where = (f"its class {path} could not be found on this ComfyUI when GCache loaded ({GONE[path]})"
                      if how == "gone" else f"its class name is that of {path}, which is not there on this ComfyUI "
                      f"({GONE[path]}): the class moved or was renamed")
-            log.warning("GCache: %s belongs to the %s family, but %s; the %s adapter was verified on that class only, so "
-                        "this model uses the %s (%s). Please report this ComfyUI version.", name, row.name, where,
+            log.warning("GCache: %s belongs to the %s family, but %s; the %s adapter was verified on that class only, "
+                        "so this model uses the %s (%s). Please report this ComfyUI version.", name, row.name, where,
                         row.name, FALLBACK.name, FALLBACK.notes)
             return ad
         log.info("GCache: %s has no family adapter; using the %s (%s).", name, ad.name, ad.notes)

@@ -71,7 +71,8 @@ def compile_blocks(m, adapter: Adapter, diffusion_model, what: str) -> None:
     kwargs = dict(m.model_options[kwargs_key])
     keys = [f"diffusion_model.{slot.stack.attr}.{slot.child}" for slot in block_slots(adapter, diffusion_model)]
     set_wrapper(m, keys=keys, **kwargs)
-    m.model_options[BLOCK_COMPILE] = _compile_wrappers(m.model_options, m)[-1]  # ours, until a later compile replaces it
+    # ours, until a later compile replaces it
+    m.model_options[BLOCK_COMPILE] = _compile_wrappers(m.model_options, m)[-1]
     log.info("GCache: TorchCompileModel now compiles the %d blocks of the %s block stack one by one (GCache's "
              "per-step choice stays outside the compiled graphs).", len(keys), adapter.name)
 

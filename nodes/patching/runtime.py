@@ -3,8 +3,8 @@
 A RunState lives for one sampling run (created in the OUTER_SAMPLE wrapper, closed in its `finally`). It owns
 the StepTracker and one lane per device that runs the model: ComfyUI's MultiGPU CFG split (0.33) runs each
 device's conds in a thread of its own, so every device gets its own ResidualCache (residuals stay on the device
-that made them) and every thread its own call state. Each model call: `begin_call` sets the step; every block of the stack (dit patch, object-patched
-forward) and the whole-model fallback go through one gate, `gate`.
+that made them) and every thread its own call state. Each model call: `begin_call` sets the step; every block of
+the stack (dit patch, object-patched forward) and the whole-model fallback go through one gate, `gate`.
 
 Patches know their model clone by an owner token (its config's, kept in transformer_options) and find its live
 run in a context variable set by the OUTER_SAMPLE wrapper, or, from a thread ComfyUI started inside the run

@@ -89,8 +89,8 @@ def put_image(stream, layout: Layout, z: torch.Tensor, img_slice=None, where: st
         return type(stream)(parts)
     a, b = image_range(stream.shape[1], layout, z.shape[1], img_slice, where)
     if b - a != z.shape[1]:
-        raise GCacheError(f"The {where or 'block'} stream has {b - a} image tokens at [{a}, {b}) but the cached ones are "
-                          f"{z.shape[1]}: the image tokens changed within one step. Please report this model.")
+        raise GCacheError(f"The {where or 'block'} stream has {b - a} image tokens at [{a}, {b}) but the cached ones "
+                          f"are {z.shape[1]}: the image tokens changed within one step. Please report this model.")
     if (a, b) == (0, stream.shape[1]):
         return z
     return torch.cat((stream[:, :a], z, stream[:, b:]), 1)

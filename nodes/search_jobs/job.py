@@ -23,8 +23,8 @@ from ...core.policy import Policy, predicted_speedup
 from ...core.profile import Profile
 from ...core.verdicts import checks_of, failed, stamp
 from ...search.config import SearchConfig
-from ...search.infra.objectives import make_objective
 from ...search.end_game import fresh_seeds
+from ...search.infra.objectives import make_objective
 from ...search.loop import SearchInterrupted, SearchResult, run_search
 from ...search.result import predicted_speedup_text, searched_policy
 from ...search.starts import start_count

@@ -1,10 +1,9 @@
 """Sampling and decoding inside a node (GCache Search), as KSampler + VAE Decode do it. Imports ComfyUI."""
 from __future__ import annotations
 
-import torch
-
 import comfy.model_management
 import comfy.sample
+import torch
 
 
 def sample(model, seed: int, steps: int, cfg: float, sampler_name: str, scheduler: str, positive, negative,

@@ -51,7 +51,8 @@ class ComfyUIWorker:
         from .objectives import make_objective
         self.url, self.workflow = url.rstrip("/"), copy.deepcopy(workflow)
         self.seeds, self.forecast, self.timeout_s = [int(s) for s in seeds], forecasters.canonical(forecast), timeout_s
-        if forecasters.get(self.forecast).needs_profile:  # its parameters come from the profile, which workers don't hold
+        # a profile-fitted forecaster's parameters come from the profile, which workers don't hold
+        if forecasters.get(self.forecast).needs_profile:
             raise GCacheError(f"A ComfyUI worker applies the forecasters without profile-fitted parameters "
                               f"({', '.join(forecasters.profile_free())}), not {self.forecast!r}.")
         self.apply, self.sampler, self.output = self.nodes_of(self.workflow)
@@ -141,6 +142,7 @@ class ComfyUIWorker:
         """An executor without Ray (parallel.ThreadExecutor): one thread per server, each evaluation on a free
         server. It declares what the workers can evaluate (the search's forecaster only)."""
         import queue
+
         from .parallel import ThreadExecutor
         free: queue.Queue = queue.Queue()
         for u in urls:

@@ -82,7 +82,8 @@ def ssim(a: torch.Tensor, b: torch.Tensor) -> float:
     from skimage.metrics import structural_similarity
     a, b = _check_pair(a, b)
     if min(a.shape[-2:]) < 11:
-        raise GCacheError(f"SSIM needs images of at least 11×11 pixels (its Gaussian window), got {tuple(a.shape[-2:])}.")
+        raise GCacheError("SSIM needs images of at least 11×11 pixels (its Gaussian window), got "
+                          f"{tuple(a.shape[-2:])}.")
     an = a.permute(0, 2, 3, 1).cpu().numpy().astype(np.float64)
     bn = b.permute(0, 2, 3, 1).cpu().numpy().astype(np.float64)
     vals = [structural_similarity(x, y, data_range=1.0, channel_axis=-1, gaussian_weights=True, sigma=1.5,
@@ -156,7 +157,8 @@ def load_lpips(device=None, backbone_path: Optional[str] = None, verify: bool = 
             mapped = {name: features[name.split(".", 1)[1]] for name in net.net.state_dict()}
             net.net.load_state_dict(mapped, strict=True)
         except (KeyError, RuntimeError, OSError, AttributeError, ValueError) as e:
-            raise LPIPSUnavailable(_missing_message(path, f"{path} could not be read as AlexNet weights ({e})")) from None
+            raise LPIPSUnavailable(_missing_message(path, f"{path} could not be read as AlexNet weights ({e})")
+                                   ) from None
     net = net.eval().requires_grad_(False)
     if device is not None:
         net = net.to(device)

@@ -1,7 +1,7 @@
 """Pictures a person can look at (Pillow only, no matplotlib): the search and the profile.
 
-plot_search:  loss per iteration (start masks / grid / GP / polish / reused / final, running best), the learned w(t), the mask
-              timeline (the chosen mask, and which method it came from).
+plot_search:  loss per iteration (start masks / grid / GP / polish / reused / final, running best), the learned w(t),
+              the mask timeline (the chosen mask, and which method it came from).
 plot_policy:  an instant policy: its propagation weights w_j per step and the mask timeline.
 plot_profile: the E heatmap (log scale) and the local indicators ‖δ‖, rel-L1 of δ, rel-L1 of h per step.
 """
@@ -19,8 +19,9 @@ from ..state import SearchState, mask_of
 
 W, PANEL_H, PAD = 720, 220, 48
 BG, FG, GRID = (255, 255, 255), (30, 30, 30), (225, 225, 225)
-COLORS = {"instant": (148, 103, 189), "grid": (150, 150, 150), "gp": (31, 119, 180), "reused": (174, 199, 232), "best": (214, 39, 40),
-          "final": (44, 160, 44), "polish": (255, 127, 14), "a": (31, 119, 180), "b": (255, 127, 14), "c": (44, 160, 44)}
+COLORS = {"instant": (148, 103, 189), "grid": (150, 150, 150), "gp": (31, 119, 180), "reused": (174, 199, 232),
+          "best": (214, 39, 40), "final": (44, 160, 44), "polish": (255, 127, 14), "a": (31, 119, 180),
+          "b": (255, 127, 14), "c": (44, 160, 44)}
 
 
 class _Panel:
@@ -104,7 +105,8 @@ def plot_search(result_or_state, times: Optional[Sequence[float]] = None) -> Ima
     if fin:
         p.dot(len(hist), f(fin["loss"]), COLORS["final"], r=5)
     p.legend([("start masks", COLORS["instant"]), ("start grid", COLORS["grid"]), ("GP-LCB", COLORS["gp"]),
-              ("polish", COLORS["polish"]), ("reused mask", COLORS["reused"]), ("best so far", COLORS["best"]), ("argmin mu", COLORS["final"])])
+              ("polish", COLORS["polish"]), ("reused mask", COLORS["reused"]), ("best so far", COLORS["best"]),
+              ("argmin mu", COLORS["final"])])
     winner = choose(state).entry  # the mask the search returns (or would return now)
     if winner is not None:  # the chosen mask: a ring around its point
         x = len(hist) if winner is fin else winner["i"]

@@ -24,8 +24,9 @@ def require_ray():
         import ray
     except ImportError as e:
         raise GCacheError(f"The cluster search needs Ray, which does not import in this Python ({sys.executable}: "
-                          f"{e}). Install it into this Python with: \"{sys.executable}\" -m pip install ray==2.60.0 (the "
-                          "cluster extra of comfyui-gcache; in a clone: .venv/bin/pip install -e \".[cluster]\").") from None
+                          f"{e}). Install it into this Python with: \"{sys.executable}\" -m pip install ray==2.60.0 "
+                          "(the cluster extra of comfyui-gcache; in a clone: .venv/bin/pip install -e "
+                          "\".[cluster]\").") from None
     return ray
 
 

@@ -13,7 +13,6 @@ import urllib.request
 import uuid
 
 import pytest
-
 from conftest import COMFY
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -5,13 +5,12 @@ the policy 101001 connected.
 """
 from __future__ import annotations
 
-import torch
-
 import comfy.sample
 import comfy.samplers
 import comfy.utils
-import nodes as comfy_nodes
+import torch
 
+import nodes as comfy_nodes
 from gcache.core.policy import Policy
 from gcache.nodes.apply_node import GCacheApply
 

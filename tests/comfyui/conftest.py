@@ -15,9 +15,8 @@ if COMFY:
         raise pytest.UsageError(f"COMFYUI_PATH={COMFY} is not a ComfyUI checkout (no comfy/model_patcher.py).")
     sys.path.insert(0, COMFY)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import torch
-
     import comfy.cli_args
+    import torch
 
     comfy.cli_args.args.cpu = not torch.cuda.is_available()  # before comfy.model_management picks a device
 

@@ -14,7 +14,6 @@ import time
 import uuid
 
 import pytest
-
 from comfy_server import _free_port, _get, _post  # noqa: F401  (loopback HTTP helpers; no gcache, no ComfyUI)
 from conftest import COMFY
 

@@ -4,22 +4,20 @@ when none does the log says which policy was used instead and why."""
 import re
 
 import pytest
-
 from conftest import COMFY, REASON
 
 if not COMFY:
     pytest.skip(REASON, allow_module_level=True)
 
+import tiny_models as tm  # noqa: E402
 import torch  # noqa: E402
 
 import nodes as comfy_nodes  # noqa: E402
-import tiny_models as tm  # noqa: E402
-
 from gcache.core.policy import Policy  # noqa: E402
 from gcache.core.profile import Profile  # noqa: E402
+from gcache.nodes.apply_node import GCacheApply  # noqa: E402
 from gcache.nodes.modes import apply as apply_mode  # noqa: E402
 from gcache.nodes.patching import hooks  # noqa: E402
-from gcache.nodes.apply_node import GCacheApply  # noqa: E402
 from gcache.nodes.profile_node import GCacheProfile  # noqa: E402
 from gcache.nodes.search_node import GCacheSearch  # noqa: E402
 
@@ -161,7 +159,7 @@ def test_a_search_never_silently_replaces_a_better_searched_policy(flux, gcache_
         f"compare: it was moved to {side}" in text
     # auto applies what the file holds, and says which
     out, runs, text = auto(flux, caplog)
-    assert f"applying the policy GCache Search found (" in text and f"K = 3, {path.name})" in text
+    assert "applying the policy GCache Search found (" in text and f"K = 3, {path.name})" in text
     assert runs == 3 and torch.equal(out, applied(flux, c))
 
 

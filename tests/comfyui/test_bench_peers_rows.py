@@ -4,15 +4,14 @@ import math
 
 import pytest
 import torch
-
 from conftest import COMFY, REASON
 
 if not COMFY:
     pytest.skip(REASON, allow_module_level=True)
 
-import nodes as comfy_nodes  # noqa: E402
 from comfy_extras.nodes_easycache import LazyCacheNode  # noqa: E402
 
+import nodes as comfy_nodes  # noqa: E402
 from gcache.bench import peers  # noqa: E402
 from gcache.comfy_models import data  # noqa: E402
 from gcache.comfy_models.families import FLUX, comfy_cond, load  # noqa: E402
@@ -23,7 +22,8 @@ STEPS = 8
 @pytest.fixture(scope="module")
 def result():
     return peers.main(["--seeds", "1", "--steps", str(STEPS), "--families", "flux", "--targets", "2", "3",
-                       "--thresholds", "0.1", "0.5", "--easycache-as-is", "0.1", "--search-budget", "14"])["families"]["flux"]
+                       "--thresholds", "0.1", "0.5", "--easycache-as-is", "0.1", "--search-budget", "14"]
+                      )["families"]["flux"]
 
 
 def test_every_row_is_there_with_per_pair_values(result):

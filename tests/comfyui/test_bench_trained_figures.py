@@ -5,14 +5,12 @@ import math
 
 import pytest
 import torch
-
 from conftest import COMFY, REASON
 
 if not COMFY:
     pytest.skip(REASON, allow_module_level=True)
 
 import nodes as comfy_nodes  # noqa: E402
-
 from gcache.bench import trained_figures  # noqa: E402
 from gcache.comfy_models import data  # noqa: E402
 from gcache.comfy_models.families import FLUX, comfy_cond, load  # noqa: E402

@@ -3,7 +3,6 @@ thread-per-server pool, and with Ray actors (one per server) when the optional R
 import json
 
 import pytest
-
 from conftest import COMFY, REASON
 
 if not COMFY:
@@ -101,7 +100,8 @@ def test_search_on_two_comfyui_servers_with_ray_actors(servers):
 
 
 def test_cluster_command_drives_comfyui_servers(servers, tmp_path, capsys):
-    """`python -m gcache.reference_model.cluster --comfyui URL,URL --workflow … --profile …`: a policy from the servers."""
+    """`python -m gcache.reference_model.cluster --comfyui URL,URL --workflow … --profile …`: a policy from the
+    servers."""
     pytest.importorskip("ray", reason="Ray is the optional 'cluster' extra: pip install -e '.[test,cluster]'")
     import ray
 

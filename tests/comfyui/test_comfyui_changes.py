@@ -10,21 +10,18 @@ with its reason).
   agree with ComfyUI's own count.
 """
 import pytest
-
 from conftest import COMFY, REASON
 
 if not COMFY:
     pytest.skip(REASON, allow_module_level=True)
 
-import torch  # noqa: E402
-
 import comfy.lora  # noqa: E402
 import comfy.sd  # noqa: E402
-import nodes as comfy_nodes  # noqa: E402
+import tiny_models as tm  # noqa: E402
+import torch  # noqa: E402
 from comfy.patcher_extension import WrappersMP  # noqa: E402
 
-import tiny_models as tm  # noqa: E402
-
+import nodes as comfy_nodes  # noqa: E402
 from gcache.core.policy import Policy  # noqa: E402
 from gcache.nodes.modes import apply as apply_mode  # noqa: E402
 from gcache.nodes.patching import hooks  # noqa: E402

@@ -1,23 +1,21 @@
 """What users run beside a cache node, in ComfyUI's own classes: TorchCompileModel (inductor on the CPU), a LoRA
 before GCache Apply (auto), and the core cache nodes (EasyCache, LazyCache). GGUF models: test_gguf.py."""
 import pytest
-
 from conftest import COMFY, REASON
 
 if not COMFY:
     pytest.skip(REASON, allow_module_level=True)
 
+import comfy.sd  # noqa: E402
+import tiny_models as tm  # noqa: E402
 import torch  # noqa: E402
 
-import comfy.sd  # noqa: E402
 import nodes as comfy_nodes  # noqa: E402
-import tiny_models as tm  # noqa: E402
-
 from gcache.core.errors import GCacheError  # noqa: E402
 from gcache.core.policy import Policy  # noqa: E402
+from gcache.nodes.apply_node import GCacheApply  # noqa: E402
 from gcache.nodes.modes import apply as apply_mode  # noqa: E402
 from gcache.nodes.patching import companions, hooks  # noqa: E402
-from gcache.nodes.apply_node import GCacheApply  # noqa: E402
 
 N = 6
 MASK = [1, 0, 1, 0, 0, 1]
@@ -58,8 +56,8 @@ class Runs:
 # ------------------------------------------------------------------------------------------------ torch.compile
 @pytest.mark.parametrize("family", ["flux", "wan"])
 def test_torch_compile_before_gcache_compiles_the_blocks_and_never_recompiles_per_step(built, family, caplog):
-    from comfy_extras.nodes_torch_compile import TorchCompileModel
     import torch._dynamo
+    from comfy_extras.nodes_torch_compile import TorchCompileModel
     from torch._dynamo.utils import counters
     m, pos, neg, lat = built[family]
     torch._dynamo.reset()

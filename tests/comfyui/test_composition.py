@@ -16,17 +16,28 @@ run the same blocks per call, so they give bit-identical latents (asserted with 
 The nodes and their settings are composition_cases.py's, which the bench applies too.
 """
 import pytest
-
 from conftest import COMFY, REASON
 
 if not COMFY:
     pytest.skip(REASON, allow_module_level=True)
 
-import torch  # noqa: E402
-
 import tiny_models as tm  # noqa: E402
-from composition_cases import (LAYERS, MASK, N, SLOT, cfg_node, counting_patch, gcache, guided,  # noqa: E402
-                               ksample, object_patched, rel, slg, with_patch)
+import torch  # noqa: E402
+from composition_cases import (  # noqa: E402
+    LAYERS,
+    MASK,
+    SLOT,
+    N,
+    cfg_node,
+    counting_patch,
+    gcache,
+    guided,
+    ksample,
+    object_patched,
+    rel,
+    slg,
+    with_patch,
+)
 
 from gcache.core.profile import Profile  # noqa: E402
 from gcache.nodes.modes import profile as profile_mode  # noqa: E402

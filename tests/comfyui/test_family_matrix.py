@@ -1,31 +1,29 @@
 """Every family in ComfyUI's own model classes (tiny random weights), at cfg 1 and cfg > 1.
 
-For each family: the adapter chosen; all-ones bit-identical to the unpatched model; a K < N policy runs the
-block stack exactly K times per branch; on every skipped step the stack's output equals h + the true δ of the
-last computed step; Profile's E equals the E built from the true δ, and its run's self-check of the skip path
-passed, with the error it measured, far below the tolerance (the whole-model fallback: "not checked", its reason). The true δ is observed from outside GCache:
-a copy of the stack input made before GCache's first block patch sees it (the check that catches blocks that
-add into their input in place, LTXV and Chroma), and the image tokens of the last block's output.
+For each family: the adapter chosen; all-ones bit-identical to the unpatched model; a K < N policy runs the block stack
+exactly K times per branch; on every skipped step the stack's output equals h + the true δ of the last computed step;
+Profile's E equals the E built from the true δ, and its run's self-check of the skip path passed, with the error it
+measured, far below the tolerance (the whole-model fallback: "not checked", its reason). The true δ is observed from
+outside GCache: a copy of the stack input made before GCache's first block patch sees it (the check that catches blocks
+that add into their input in place, LTXV and Chroma), and the image tokens of the last block's output.
 """
 import pytest
-
 from conftest import COMFY, REASON
 
 if not COMFY:
     pytest.skip(REASON, allow_module_level=True)
 
-import torch  # noqa: E402
-
-import nodes as comfy_nodes  # noqa: E402
-from comfy.patcher_extension import WrappersMP  # noqa: E402
-
 import tiny_image_models as tim  # noqa: E402
 import tiny_models as tm  # noqa: E402
 import tiny_video_models as tvm  # noqa: E402
+import torch  # noqa: E402
+from comfy.patcher_extension import WrappersMP  # noqa: E402
 
+import nodes as comfy_nodes  # noqa: E402
 from gcache.core.policy import Policy  # noqa: E402
 from gcache.core.profile import Profile  # noqa: E402
-from gcache.nodes.modes import apply as apply_mode, profile as profile_mode  # noqa: E402
+from gcache.nodes.modes import apply as apply_mode  # noqa: E402
+from gcache.nodes.modes import profile as profile_mode
 from gcache.nodes.patching import hooks  # noqa: E402
 from gcache.nodes.patching.adapters import Route, block_slots  # noqa: E402
 from gcache.nodes.patching.streams import Layout  # noqa: E402
@@ -294,7 +292,8 @@ def test_family(name, cfg, unet_dir, tmp_path, caplog):
     assert ad.name == expected
     if expected == FALLBACK:
         assert "whole-model fallback" in caplog.text, caplog.text
-        if name in FAMILIES_033:  # a family GCache knows: the log gives the reason (nodes/patching/adapters.NOT_BY_BLOCKS)
+        # a family GCache knows: the log gives the reason (nodes/patching/adapters.NOT_BY_BLOCKS)
+        if name in FAMILIES_033:
             assert "cached as a whole model, not by blocks" in caplog.text, caplog.text
 
     # all ones: bit-identical to the unpatched model

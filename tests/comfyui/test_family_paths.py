@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import COMFY, REASON
 
 if not COMFY:

@@ -14,7 +14,6 @@ import urllib.request
 import uuid
 
 import pytest
-
 from conftest import COMFY, REASON
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -28,8 +27,8 @@ if BROWSER is None:
     pytest.skip("no Chromium installed (Debian: apt-get install chromium): the frontend panel is not checked",
                 allow_module_level=True)
 
-from comfy_server import _get, _post, comfy_server  # noqa: E402
-from test_background_search import search, search_prompt, wait_for  # noqa: E402
+from comfy_server import _post, comfy_server  # noqa: E402
+from test_background_search import search_prompt, wait_for  # noqa: E402
 
 
 def _free_port() -> int:
@@ -138,7 +137,7 @@ def test_the_panel_lists_a_background_search_with_its_progress_and_cancels_it(se
             page.eval("window.GCacheSearches.open(); true")
         row = "document.querySelector('[data-gcache-search=\"ui_bg\"]')"
         page.wait(f"{row} && /\\d+\\/30 evaluations/.test({row}.innerText)", "listed the search with its progress")
-        page.wait(f"!!document.querySelector('[data-gcache-cancel=\"ui_bg\"]')", "showed a Cancel button")
+        page.wait("!!document.querySelector('[data-gcache-cancel=\"ui_bg\"]')", "showed a Cancel button")
         # styled as the frontend styles its own buttons (its comfy-btn class and theme colours), not as a bare button
         look = page.eval("""(() => {
           const cancel = document.querySelector('[data-gcache-cancel="ui_bg"]');

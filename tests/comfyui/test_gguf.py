@@ -8,7 +8,6 @@ import shutil
 import sys
 
 import pytest
-
 from conftest import COMFY, REASON
 
 if not COMFY:
@@ -21,17 +20,15 @@ if not os.path.isfile(os.path.join(PACK, "nodes.py")):
                 allow_module_level=True)
 pytest.importorskip("gguf", reason="the `gguf` package is not installed in this Python: pip install 'gguf>=0.13.0'")
 
-import torch  # noqa: E402
-
 import folder_paths  # noqa: E402
-import nodes as comfy_nodes  # noqa: E402
-
 import gguf_files  # noqa: E402
 import tiny_models as tm  # noqa: E402
+import torch  # noqa: E402
 
+import nodes as comfy_nodes  # noqa: E402
 from gcache.core.profile import Profile  # noqa: E402
-from gcache.nodes.modes import auto as auto_mode  # noqa: E402
 from gcache.nodes.apply_node import GCacheApply  # noqa: E402
+from gcache.nodes.modes import auto as auto_mode  # noqa: E402
 from gcache.nodes.profile_node import GCacheProfile  # noqa: E402
 
 N = 6

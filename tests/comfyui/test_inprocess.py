@@ -9,26 +9,25 @@ test_family_matrix.py.
 import os
 
 import pytest
-
 from conftest import COMFY, REASON
 
 if not COMFY:
     pytest.skip(REASON, allow_module_level=True)
 
-import torch  # noqa: E402
-
 import comfy.model_management  # noqa: E402
 import folder_paths  # noqa: E402
-import nodes as comfy_nodes  # noqa: E402
 import tiny_models as tm  # noqa: E402
+import torch  # noqa: E402
 
+import nodes as comfy_nodes  # noqa: E402
 from gcache.core.errors import GCacheError  # noqa: E402
 from gcache.core.policy import Policy  # noqa: E402
 from gcache.core.profile import Profile  # noqa: E402
-from gcache.nodes.modes import apply as apply_mode, profile as profile_mode  # noqa: E402
+from gcache.nodes.apply_node import GCacheApply  # noqa: E402
+from gcache.nodes.modes import apply as apply_mode  # noqa: E402
+from gcache.nodes.modes import profile as profile_mode
 from gcache.nodes.patching import hooks  # noqa: E402
 from gcache.nodes.search_jobs import job as search_job  # noqa: E402
-from gcache.nodes.apply_node import GCacheApply  # noqa: E402
 from gcache.nodes.search_node import GCacheSearch  # noqa: E402
 
 FAMILIES = ["flux", "wan", "hunyuan_video", "lumina2"]
@@ -162,6 +161,9 @@ def test_the_search_nodes_inputs_state_the_numbers_the_search_computes():
     assert f"{fewest} to {most})" in tip and f"at least {least['reuse']} for degree 3 ({least['forecasting']} when " \
         "forecasting" in tip
     assert "K < steps" in inputs["k"].tooltip
+    # the seeds the paired rules need by default (2: the halves need two); the tooltip says what one seed skips
+    assert inputs["seeds"].default == 2 and "1 seed the polish guard, the forecaster check and that final choice " \
+        "decide by a lower mean loss" in inputs["seeds"].tooltip
 
 
 def test_k_equal_to_steps_is_refused_before_any_sampling(built, gcache_dir, monkeypatch):
@@ -181,6 +183,7 @@ def test_a_fitted_search_measures_l2p_too_in_comfyui(built, gcache_dir, caplog):
     forecaster check), the finalists are sampled on fresh seeds and the saved policy is the lowest loss there, and
     GCache Apply runs the saved policy."""
     import json
+
     from gcache_test_pack import FakeVAE
     m, pos, neg, lat = built["flux"]
     args = (m, pos, neg, {"samples": lat}, FakeVAE(), 0, 2, 8, 1.0, "euler", "simple", 3, 20, 1, "ssim", "fc1", None,

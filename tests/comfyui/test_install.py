@@ -18,14 +18,22 @@ import json
 import os
 
 import pytest
-
 from conftest import COMFY, REASON
 
 if not COMFY:
     pytest.skip(REASON, allow_module_level=True)
 
-from install_helpers import (GCACHE_NODES, PACK_NAME, REPO, describe, execution_error,  # noqa: E402
-                             installed_server, missing_optional, queue, search_prompt)
+from install_helpers import (  # noqa: E402
+    GCACHE_NODES,
+    PACK_NAME,
+    REPO,
+    describe,
+    execution_error,
+    installed_server,
+    missing_optional,
+    queue,
+    search_prompt,
+)
 from test_server import to_api, with_tiny_models  # noqa: E402  (imports no gcache)
 
 MISSING = missing_optional()

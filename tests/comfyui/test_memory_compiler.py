@@ -16,25 +16,23 @@ import sys
 import types
 
 import pytest
-
 from conftest import COMFY, REASON
 
 if not COMFY:
     pytest.skip(REASON, allow_module_level=True)
 
+import comfy.cli_args  # noqa: E402
+import tiny_models as tm  # noqa: E402
 import torch  # noqa: E402
+from comfy.patcher_extension import WrappersMP  # noqa: E402
 from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_leaves  # noqa: E402
 
-import comfy.cli_args  # noqa: E402
 import nodes as comfy_nodes  # noqa: E402
-from comfy.patcher_extension import WrappersMP  # noqa: E402
-
-import tiny_models as tm  # noqa: E402
-
 from gcache.core.policy import Policy  # noqa: E402
-from gcache.nodes.modes import apply as apply_mode, profile as profile_mode  # noqa: E402
+from gcache.nodes.modes import apply as apply_mode  # noqa: E402
+from gcache.nodes.modes import profile as profile_mode
 from gcache.nodes.patching import hooks, memory_compiler  # noqa: E402
 
 N = 6

@@ -8,26 +8,25 @@ import re
 import subprocess
 
 import pytest
-
 from conftest import COMFY, REASON
 
 if not COMFY:
     pytest.skip(REASON, allow_module_level=True)
 
 import numpy as np  # noqa: E402
+import tiny_models as tm  # noqa: E402
 import torch  # noqa: E402
 
 import nodes as comfy_nodes  # noqa: E402
-import tiny_models as tm  # noqa: E402
-
 from gcache.core.errors import GCacheError  # noqa: E402
 from gcache.core.policy import Policy  # noqa: E402
 from gcache.core.profile import Profile  # noqa: E402
 from gcache.nodes import artifacts  # noqa: E402
-from gcache.nodes.search_jobs import background, job as search_job  # noqa: E402
 from gcache.nodes.apply_node import GCacheApply  # noqa: E402
 from gcache.nodes.policy_node import GCachePolicy  # noqa: E402
 from gcache.nodes.profile_node import GCacheProfile  # noqa: E402
+from gcache.nodes.search_jobs import background  # noqa: E402
+from gcache.nodes.search_jobs import job as search_job
 from gcache.nodes.search_node import GCacheSearch  # noqa: E402
 
 N = 6
@@ -151,7 +150,7 @@ def test_auto_with_the_forecast_input_never_claims_a_policy_file_it_does_not_wri
     assert len(names) == 1 and names[0].endswith("_6steps_simple.profile.safetensors"), names  # no policy file
     pol_name = names[0].replace(".profile.safetensors", "_2x.json")
     assert f"saved {pol_name}" not in caplog.text and "the next run applies it" not in caplog.text
-    assert f"built the policy for the forecast input (linear; K = " in caplog.text
+    assert "built the policy for the forecast input (linear; K = " in caplog.text
     assert f"not saved as {pol_name}; the next run builds it again from the saved {names[0]}." in caplog.text
     caplog_run1 = caplog.text
     caplog.clear()
@@ -417,6 +416,7 @@ def test_the_missing_packages_message_names_this_packs_requirements_under_comfyu
     """The browser's copy of "install GCache's requirements" once said `pip install -r requirements.txt` (the path cut
     to its last part with the server's paths): it names the pack's file as a user in ComfyUI's folder types it."""
     import folder_paths
+
     from gcache.nodes import comfy_common as cc
     from gcache.search.infra import requirements
     pack = os.path.dirname(requirements.REQUIREMENTS)
@@ -485,8 +485,8 @@ def test_the_tooltips_numbers_come_from_the_code():
     """The Profile tooltip once said "forecast 1 or 2" and "N³ numbers"; GCache Search's execute defaulted mode to
     foreground where the widget says background, unexplained."""
     import inspect
-    from gcache.core import forecasters
-    from gcache.core import profile_stats
+
+    from gcache.core import forecasters, profile_stats
     from gcache.nodes import profile_node, search_node
     tips = {i.id: i.tooltip for i in GCacheProfile.define_schema().inputs}
     # what record_forecast adds, counted from the profile's own arrays: 3·N³ and a lower order term

@@ -6,27 +6,25 @@ import os
 
 import numpy as np
 import pytest
-
 from conftest import COMFY, REASON
 
 if not COMFY:
     pytest.skip(REASON, allow_module_level=True)
 
-import torch  # noqa: E402
-
 import folder_paths  # noqa: E402
-import nodes as comfy_nodes  # noqa: E402
 import tiny_models as tm  # noqa: E402
+import torch  # noqa: E402
 from safetensors.torch import save as st_save  # noqa: E402
 
+import nodes as comfy_nodes  # noqa: E402
 from gcache.core.errors import GCacheError  # noqa: E402
 from gcache.core.policy import Policy  # noqa: E402
 from gcache.core.profile import Profile  # noqa: E402
-from gcache.nodes.search_jobs import job as search_job  # noqa: E402
 from gcache.nodes.apply_node import GCacheApply  # noqa: E402
 from gcache.nodes.modes.auto import AUTO_VERSION  # noqa: E402
 from gcache.nodes.policy_node import GCachePolicy  # noqa: E402
 from gcache.nodes.profile_node import GCacheLoadProfile, GCacheProfile  # noqa: E402
+from gcache.nodes.search_jobs import job as search_job  # noqa: E402
 from gcache.nodes.search_node import GCacheSearch  # noqa: E402
 
 N = 6
@@ -85,7 +83,8 @@ def test_auto_sets_a_defective_profile_aside_profiles_again_and_rebuilds_its_pol
     model = GCacheApply.execute(m, "(auto)", "model device", "remap", 2.0).result[0]
     ksample(model, pos, neg, lat)
     pol_path, prof_path = auto_files(gcache_dir)
-    assert Policy.load(str(pol_path)).provenance["auto"]["version"] == AUTO_VERSION and Profile.load(str(prof_path)).defect is None
+    assert Policy.load(str(pol_path)).provenance["auto"]["version"] == AUTO_VERSION
+    assert Profile.load(str(prof_path)).defect is None
     make_old(pol_path, prof_path)
     caplog.clear()
     with caplog.at_level("INFO", logger="gcache"), tm.BlockRuns(m) as runs:

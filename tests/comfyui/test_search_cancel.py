@@ -12,11 +12,12 @@ import os
 import threading
 
 import pytest
-
 from conftest import COMFY, REASON
 
 if not COMFY:
     pytest.skip(REASON, allow_module_level=True)
+
+from test_search_bilevel import CFG, Evaluator, make_profile  # noqa: E402
 
 from gcache.nodes import search_node  # noqa: E402
 from gcache.nodes.search_jobs import background  # noqa: E402
@@ -24,7 +25,6 @@ from gcache.nodes.search_jobs.job import SearchJob  # noqa: E402
 from gcache.search.config import SearchConfig  # noqa: E402
 from gcache.search.loop import run_search  # noqa: E402
 from gcache.search.state import SearchState  # noqa: E402
-from test_search_bilevel import CFG, Evaluator, make_profile  # noqa: E402
 
 NAME = "w"
 

@@ -22,27 +22,27 @@ import dataclasses
 import logging
 
 import pytest
-
 from conftest import COMFY, REASON
 
 if not COMFY:
     pytest.skip(REASON, allow_module_level=True)
 
-import torch  # noqa: E402
-
 import comfyui_version  # noqa: E402
-import nodes as comfy_nodes  # noqa: E402
 import tiny_image_models as tim  # noqa: E402
 import tiny_models as tm  # noqa: E402
 import tiny_video_models as tvm  # noqa: E402
+import torch  # noqa: E402
 
+import nodes as comfy_nodes  # noqa: E402
 from gcache.core.engine import ResidualCache  # noqa: E402
 from gcache.core.policy import Policy  # noqa: E402
 from gcache.core.profile import Profile  # noqa: E402
 from gcache.core.selfcheck import TOLERANCE_EPS  # noqa: E402
 from gcache.core.verdicts import VerdictBook, checks_of  # noqa: E402
 from gcache.nodes.apply_node import GCacheApply  # noqa: E402
-from gcache.nodes.modes import base as base_mode, profile as profile_mode, verdicts  # noqa: E402
+from gcache.nodes.modes import base as base_mode  # noqa: E402
+from gcache.nodes.modes import profile as profile_mode
+from gcache.nodes.modes import verdicts
 from gcache.nodes.patching import hooks, streams  # noqa: E402
 from gcache.nodes.policy_node import GCachePolicy  # noqa: E402
 from gcache.nodes.profile_node import GCacheLoadProfile, GCacheProfile  # noqa: E402
@@ -413,6 +413,7 @@ def raise_in_replay_between_stacks(monkeypatch) -> dict:
     """Flux's torch.cat between its double and its single blocks raises, only in the self-check's replay (out of
     memory: "not checked"); state["raised"] counts it."""
     import comfy.ldm.flux.model as flux_model
+
     from gcache.core import replay
     state = {"inside": False, "raised": 0}
     enter, leave = replay.HeldCall.enter, replay.HeldCall.exit
@@ -594,6 +595,7 @@ def test_the_replay_is_left_out_of_the_measured_io_share(unet_dir, tmp_path, mon
     """A 2-step run times both steps; a replay slowed by 0.3 s in the last would make that step almost all io (share
     near 1) if its time counted as the model's."""
     import time
+
     from gcache.core import replay
     m, pos, neg, lat = build("flux", unet_dir)
     exit_ = replay.HeldCall.exit

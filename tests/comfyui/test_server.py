@@ -10,7 +10,6 @@ import time
 import uuid
 
 import pytest
-
 from conftest import COMFY, REASON
 
 if not COMFY:
@@ -70,7 +69,8 @@ def test_bundled_workflow_matches_object_info(server, wf):
         assert node["type"] in info, f"{wf}: missing node type {node['type']}"
         widgets = _widgets(info[node["type"]])
         values = node.get("widgets_values", [])
-        assert len(values) == len(widgets), f"{wf}: {node['type']} has {len(values)} widget values, needs {len(widgets)}"
+        assert len(values) == len(widgets), \
+            f"{wf}: {node['type']} has {len(values)} widget values, needs {len(widgets)}"
         for (name, kind, o), v in zip(widgets, values):
             where = f"{wf}: {node['type']}.{name} = {v!r}"
             if kind == "CONTROL":

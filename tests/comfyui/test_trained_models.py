@@ -7,7 +7,6 @@ training started from, seed 0). A few seconds on one core.
 from __future__ import annotations
 
 import pytest
-
 from conftest import COMFY, REASON
 
 if not COMFY:
@@ -16,8 +15,7 @@ if not COMFY:
 import torch  # noqa: E402
 
 from gcache.comfy_models import data  # noqa: E402
-from gcache.comfy_models.families import (FAMILIES, build, comfyui_version, conds, heldout_loss, load,  # noqa: E402
-                                          velocity_loss)
+from gcache.comfy_models.families import FAMILIES, build, comfyui_version, conds, heldout_loss, load, velocity_loss  # noqa: E402
 
 EXPECTED = {"flux": ("FluxSchnell", "comfy.ldm.flux.model.Flux"), "wan": ("WAN21_T2V", "comfy.ldm.wan.model.WanModel")}
 

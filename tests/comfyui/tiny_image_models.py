@@ -10,10 +10,8 @@ block-stack runs); EXPECTED_FAMILY the GCache adapter a reader of nodes/patching
 """
 from __future__ import annotations
 
-import torch
-
 import comfy.supported_models as sm
-
+import torch
 from tiny_models import _cond, _patcher, _randomize, complete
 
 

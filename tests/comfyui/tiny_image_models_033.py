@@ -9,8 +9,8 @@ finite result that changes when the blocks' weights change (some gated models ge
 that).
 
 FIRST_BLOCK names the first block the model's block loop calls (a forward pre-hook on it counts block-stack runs);
-EXPECTED_FAMILY the GCache adapter nodes/patching/adapters.py chooses for it today (the same shape as tiny_image_models.py, so
-test_family_matrix can take this module as it takes that one).
+EXPECTED_FAMILY the GCache adapter nodes/patching/adapters.py chooses for it today (the same shape as
+tiny_image_models.py, so test_family_matrix can take this module as it takes that one).
 FACTS records, per family, what ComfyUI 0.33.0's block loop does (read in comfy/ldm/..., file:line in "notes", and
 observed by sampling with a probe dit patch or forward hooks): "class" (the diffusion model), "mro" (its comfy.ldm
 classes), "stacks" (the block containers, in call order), "loop" (the method holding the block loop), "route"
@@ -22,10 +22,8 @@ stream between blocks) and "notes". Written against ComfyUI 0.33.0.
 """
 from __future__ import annotations
 
-import torch
-
 import comfy.supported_models as sm
-
+import torch
 from tiny_models import CPU, DEVICE, _cond, _patcher, _randomize, complete
 
 
@@ -529,8 +527,8 @@ FIRST_BLOCK = {"flux2": "double_blocks.0", "flux2_klein": "double_blocks.0", "z_
                "mage_flow": "transformer_blocks.0", "joyimage": "double_blocks.0", "ideogram4": "layers.0",
                "pixeldit": "patch_blocks.0", "pid": "patch_blocks.0", "hunyuan_dit": "blocks.0"}
 
-# The GCache adapter nodes/patching/adapters.py chooses for each today (checked with the family-matrix test body on these
-# builders, cfg 1 and 3): the rest fall back to the whole model.
+# The GCache adapter nodes/patching/adapters.py chooses for each today (checked with the family-matrix test body on
+# these builders, cfg 1 and 3): the rest fall back to the whole model.
 _FALLBACK = "whole-model fallback"
 EXPECTED_FAMILY = {"flux2": "flux", "flux2_klein": "flux", "longcat_image": "flux", "z_image": "lumina2",
                    "qwen_image_edit_2509": "qwen_image", "qwen_image_edit_2511": "qwen_image",

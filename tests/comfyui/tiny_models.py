@@ -11,13 +11,12 @@ import dataclasses
 import importlib
 import os
 
-import torch
-
 import comfy.model_management
 import comfy.model_patcher
 import comfy.sd
 import comfy.supported_models as sm
 import comfy.utils
+import torch
 
 CPU = torch.device("cpu")
 DEVICE = comfy.model_management.get_torch_device()  # where ComfyUI samples: the GPU in bench/gpu_check.sh

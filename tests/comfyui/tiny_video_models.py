@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import os
 
-import torch
-
 import comfy.supported_models as sm
 import comfy.utils
+import torch
 from tiny_models import _cond, _ops, _patcher, _randomize, load_unet, write_unet
 
 

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import os
 
-import torch
-
 import comfy.clip_vision
 import comfy.nested_tensor
 import comfy.supported_models as sm
 import comfy.utils
+import torch
 from tiny_models import _cond, _ops, _patcher, _randomize, complete, load_unet
 
 
