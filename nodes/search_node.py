@@ -165,6 +165,12 @@ def _nothing(job: SearchJob, why: str, slice_of=None) -> io.NodeOutput:
     return io.NodeOutput(policy, cc.pil_to_image(image))
 
 
+def _is_finished(job: SearchJob, state) -> bool:
+    """Whether this queue finds its search finished: done, at this budget (a larger one continues it, as
+    SearchState.open does: its evaluations need the reference images, which _finished samples none of)."""
+    return state is not None and state.done and len(state.history) >= job.config.budget
+
+
 def _finished(job: SearchJob) -> io.NodeOutput:
     """A search whose state file says it is done: its policy, with no sampling (as the foreground search ends)."""
     profile = job.load_profile()
@@ -178,7 +184,7 @@ def _foreground(job: SearchJob, node_id=None) -> io.NodeOutput:
     the search before its next image (after the reference runs), and the prompt goes on with the best policy so far
     (the state file is kept, as for a background search)."""
     state = _state(job)
-    if state is not None and state.done:
+    if _is_finished(job, state):
         return _finished(job)
     done = len(state.history) if state is not None else 0
     fg = background.JOBS.put(background.Job(
@@ -256,7 +262,7 @@ def _start(job: SearchJob, prompt: dict, node_id: str, slice_seconds: int) -> io
         running.client_id = background.current_client()  # its next slices report their progress to this client
         return _report(job, job.load_profile(), running)
     state = _state(job)
-    if state is not None and state.done:  # finished before: its policy, as the foreground search gives it
+    if _is_finished(job, state):  # finished before: its policy, as the foreground search gives it
         return _finished(job)
     refs = running.refs if running is not None and running.refs is not None and running.refs_key == key \
         else job.references(_reference_progress(len(job.seeds)))
