@@ -125,7 +125,7 @@ def ran(srv, pid) -> tuple[int, int]:
 def slices_of(srv, name) -> list[str]:
     """The prompt ids of the search's slices in ComfyUI's history."""
     return [pid for pid, h in _get(srv["url"] + "/history?max_items=1000").items()
-            if json.dumps(h.get("prompt", [None, None, {}])[2]).count(f'"gcache_slice": "{name}"')]
+            if json.dumps(h.get("prompt", [None, None, {}])[2]).count(f'"gcache_slice": "{name}/')]
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,8 @@ def queue(monkeypatch):
 
 
 def execute(flux, monkeypatch, name, forecast, mode, budget=None, prompt=None):
-    """GCache Search queued with these inputs (`prompt`: the prompt ComfyUI runs it in, a slice prompt included)."""
+    """GCache Search queued with these inputs (`prompt`: the prompt ComfyUI runs it in, a slice prompt included;
+    `flux`: the model with its conditioning and latent)."""
     from gcache_test_pack import FakeVAE
     m, pos, neg, lat = flux
     monkeypatch.setattr(GCacheSearch, "hidden", SimpleNamespace(prompt=prompt or {"6": {"inputs": {}}},
@@ -94,3 +95,20 @@ def test_a_larger_budget_continues_a_finished_search_on_the_first_queue(flux, gc
     assert grown.done and len(grown.history) == more and background.JOBS.get(name).status == "done"
     policy = execute(flux, monkeypatch, name, forecast, "foreground", more)  # and it is finished now
     assert policy.provenance["iterations"] == more
+
+
+def test_a_policy_that_cant_be_saved_fails_the_job_and_queueing_again_saves_it(flux, gcache_dir, monkeypatch, queue):
+    """The slice's end (saving the policy) sat outside the guard that moves a job to failed: a save that failed left
+    the job "running" for good (the tab showed it, with a Cancel button, while ComfyUI's queue was empty)."""
+    name, forecast = "unsaved", "reuse (0)"
+    execute(flux, monkeypatch, name, forecast, "background")
+    (gcache_dir / f"{name}.json").mkdir()  # the policy file can't be written: a directory is in its place
+    with pytest.raises(OSError):
+        run_slices(flux, monkeypatch, queue, name, forecast)  # one slice: it finishes the search (slice_seconds)
+    bg = background.JOBS.get(name)
+    assert bg.status == "failed" and queue == [] and state(gcache_dir, name).done
+    (gcache_dir / f"{name}.json").rmdir()
+    policy = execute(flux, monkeypatch, name, forecast, "background")  # queued again: its policy, saved
+    assert Policy.load(str(gcache_dir / f"{name}.json")).to_dict() == policy.to_dict() and queue == []
+    row = next(r for r in background.JOBS.listing([str(gcache_dir)]) if r["id"] == name)
+    assert row["status"] == "done" and row["message"] == f"done: {name}.json saved"
