@@ -28,7 +28,7 @@ N, NAME = 8, "shared"
 
 @pytest.fixture(scope="module")
 def models():
-    return {"flux": tm.flux(), "lumina2": tm.lumina2()}
+    return {"flux": tm.flux(), "lumina2": tm.lumina2(), "other flux weights": tm.flux(seed=1)}
 
 
 @pytest.fixture()
@@ -71,16 +71,18 @@ def test_a_self_check_fail_on_another_model_does_not_stop_a_search_of_the_same_n
     assert flux_job.status == "done" and history(gcache_dir) == 8
 
 
+@pytest.mark.parametrize("other", ["lumina2", "other flux weights"])
 def test_a_start_on_another_model_never_takes_over_a_running_search_of_the_name(models, gcache_dir, monkeypatch,
-                                                                               queue):
+                                                                               queue, other):
     """Two searches of one name on the Flux and the Lumina2 model queued back to back: the second start deleted and
-    re-recorded the first one's profile and took over its job. It is refused now, before it samples anything."""
+    re-recorded the first one's profile and took over its job. It is refused now, before it samples anything (also
+    on another checkpoint of the same class: the weights are part of what a search is)."""
     execute(models["flux"], monkeypatch)
     flux_job = background.JOBS.get(NAME)
     own_profile = gcache_dir / f"{NAME}.search.profile.safetensors"
     recorded = own_profile.read_bytes()
     with pytest.raises(GCacheError, match=f"GCache Search {NAME} is queued in this ComfyUI for another model"):
-        execute(models["lumina2"], monkeypatch)
+        execute(models[other], monkeypatch)
     assert own_profile.read_bytes() == recorded and background.JOBS.get(NAME) is flux_job and len(queue) == 1
     execute(models["flux"], monkeypatch, prompt=queue.pop(0))  # the Flux search runs to its end
     assert flux_job.status == "done" and history(gcache_dir) == 8 and queue == []
