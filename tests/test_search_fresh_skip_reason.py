@@ -25,3 +25,39 @@ def test_an_evaluation_that_samples_fresh_seeds_but_cant_apply_forecasters_is_na
     assert len(end.fresh.finalists) >= 2  # a choice there was to make (the other forecaster's candidates)
     assert end.fresh.skipped.endswith(f"did not run: {end_game.CANT_APPLY}; the search's pick stays")
     assert "can_sample_fresh" not in caplog.text
+
+
+class Opposed:
+    """Per-seed losses of two seeds: the search's forecaster prefers early computed steps, l2p late ones and is 1.3×
+    worse on the search seeds, 0.3× on the fresh ones: l2p's best candidate, another mask, wins on the fresh seeds."""
+    can_apply_forecaster = True
+    can_sample_fresh = True
+
+    def __call__(self, mask, forecast=None, fresh=False):
+        n = len(mask)
+        if forecast == "l2p":
+            v = (1 + sum((n - 1 - i) * m for i, m in enumerate(mask))) / 100.0 * (0.3 if fresh else 1.3)
+        else:
+            v = (1 + sum(i * m for i, m in enumerate(mask))) / 100.0
+        return [v, 1.1 * v]
+
+
+def test_the_search_plot_rings_the_final_policy_after_a_fresh_seed_replacement(monkeypatch):
+    """The plot ringed the pick (choice.choose) even when another finalist won on the fresh seeds."""
+    from gcache.search.infra import plots
+    from gcache.search.state import split_key
+    from test_search_fresh_choice import CFG, profile_of, trajectories
+    res = run_search(profile_of(*trajectories()), SearchConfig(**CFG), Opposed(), provenance={"seeds": [1, 2]})
+    assert res.policy.provenance["fresh_seeds"]["replaced"] is True  # the fresh seeds replaced the pick
+    final = next(h for h in res.history if h["mask"] == res.end.final.key)  # an l2p start mask: a point of its own
+    assert split_key(final["mask"]) == ("".join(map(str, res.policy.mask)), res.policy.forecast)
+    assert res.end.check.pick.key != final["mask"]
+    rings, dot = [], plots._Panel.dot
+
+    def noted(panel, x, y, color, r=3, hollow=False):
+        if r == 8 and hollow:  # the ring (plot_search)
+            rings.append(x)
+        return dot(panel, x, y, color, r=r, hollow=hollow)
+    monkeypatch.setattr(plots._Panel, "dot", noted)
+    plots.plot_search(res)
+    assert rings == [final["i"]]
