@@ -1,5 +1,6 @@
-"""Why the final choice on fresh seeds did not run, said right: an evaluation that can sample fresh seeds but can't
-apply another forecaster was logged as one that "declares no can_sample_fresh" (issue 48)."""
+"""What the end of a search reports (issue 48): why the final choice on fresh seeds did not run (an evaluation that
+can sample fresh seeds but can't apply another forecaster was logged as one that "declares no can_sample_fresh"), and
+which point the search plot rings (the pick, not the final policy, after a fresh-seed replacement)."""
 import logging
 
 from gcache.search import end_game
