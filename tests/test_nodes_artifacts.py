@@ -183,8 +183,8 @@ def test_auto_ranks_two_searched_policies_by_their_fresh_seed_loss_as_the_search
         "ranked on the 4 fresh seeds its final choice sampled, its loss 0.3 is lower than that one's 0.4"
     lost = files.save_searched(path, _fresh_searched(0.05, 0.35, "c"))  # lower search loss, higher fresh loss
     assert not lost.ours and Policy.load(path).provenance["state"] == "b"
-    assert "ranked on the 4 fresh seeds its final choice sampled, its loss 0.3 is not higher than this search's 0.35" in \
-        lost.note
+    assert "ranked on the 4 fresh seeds its final choice sampled, its loss 0.3 is not higher than this search's " \
+        "0.35" in lost.note
     # only one of the two has a fresh loss (a search with a fixed rule samples none): the search-seed loss, said so
     plain = _fresh_searched(0.15, 0.0, "d")
     del plain.provenance["fresh_seeds"], plain.metrics["fresh_loss"]
