@@ -19,6 +19,7 @@ from ..core.errors import GCacheError
 from ..core.files import exclusive, safe_name
 from ..core.policy import Policy
 from ..core.profile import Profile
+from ..search.end_game import fresh_seeds
 
 PROFILE_SUFFIX = ".profile.safetensors"
 POLICY_SUFFIX = ".json"
@@ -148,9 +149,19 @@ def differs(a: Policy, b: Policy) -> list[str]:
 
 
 def fresh_evidence(p: Policy):
-    """(the fresh seeds, the loss on them) of a searched policy whose final choice sampled fresh seeds, else None."""
-    seeds, loss = (p.provenance.get("fresh_seeds") or {}).get("seeds"), p.metrics.get("fresh_loss")
-    return (list(seeds), loss) if seeds and isinstance(loss, (int, float)) else None
+    """(the fresh seeds, the loss on them) of a searched policy whose final choice sampled fresh seeds, else None.
+    The policy records how many fresh seeds (search/end_game.py FreshOutcome.provenance: a count, or None) and its
+    search seeds (GCache Search's provenance); which fresh seeds follows from those (end_game.fresh_seeds)."""
+    record, loss = p.provenance.get("fresh_seeds"), p.metrics.get("fresh_loss")
+    seeds = p.provenance.get("seeds")
+    if not (isinstance(record, dict) and record.get("losses") and isinstance(loss, (int, float))
+            and isinstance(seeds, list) and seeds and all(isinstance(s, int) for s in seeds)):
+        return None
+    fresh = fresh_seeds(seeds)
+    count = record.get("seeds")
+    if count is not None and count != len(fresh):  # not what a search on these seeds samples: no evidence
+        return None
+    return fresh, float(loss)
 
 
 def ranking_losses(new: Policy, old: Policy) -> tuple[float, float, str]:

@@ -146,12 +146,17 @@ def _dispatch(job: SearchJob, prompt, node_id, slice_of, mode: str, slice_second
     try:
         job.check_files()  # an unwritable folder, a damaged state file or another search's: before any sampling
     except GCacheError as e:
-        bg = background.JOBS.get(slice_of) if slice_of is not None else None
+        bg = background.JOBS.of_marker(slice_of) if slice_of is not None else None
         if bg is not None and bg.mode == "background":  # the tab says why it ended (unless it had ended)
             background.JOBS.update(bg, status="failed", message=str(e), refs=None)
         raise
     if slice_of is not None:
         return _slice(job, slice_of, slice_seconds)
+    live = background.JOBS.get(job.name)
+    if live is not None and live.status in background.ACTIVE and live.identity != job.identity():
+        # another search of this name (another model, other inputs) is queued or running: its state file and profile
+        # are its own; nothing of it is touched, nothing is sampled
+        raise GCacheError(background.another_search(live))
     if mode == "background" and prompt is not None and node_id is not None:
         return _start(job, prompt, node_id, slice_seconds)
     return _foreground(job, node_id)
@@ -161,7 +166,8 @@ def _nothing(job: SearchJob, why: str, slice_of=None) -> io.NodeOutput:
     """No search on a model whose self-check failed: a policy that computes every step (not saved), and why."""
     log.warning("%s.", why)
     verdicts.show(job.node_id or "", why)
-    for bg in (background.JOBS.get(slice_of) if slice_of is not None else None, background.JOBS.get(job.name)):
+    own = background.JOBS.of_marker(slice_of) if slice_of is not None else None  # this slice's job
+    for bg in (own, background.JOBS.of_search(job.name, job.identity())):  # never another search of the name
         if bg is not None:  # the tab says why it ended (a paused or ended search is left as it is)
             background.JOBS.update(bg, status="failed", message=why, refs=None)
     policy = Policy.all_ones(job.steps, provenance={"search": "nothing searched: GCache's self-check failed"})
@@ -169,11 +175,23 @@ def _nothing(job: SearchJob, why: str, slice_of=None) -> io.NodeOutput:
     return io.NodeOutput(policy, cc.pil_to_image(image))
 
 
+def _is_finished(job: SearchJob, state) -> bool:
+    """Whether this queue finds its search finished: done, at this budget (a larger one continues it, as
+    SearchState.open does: its evaluations need the reference images, which _finished samples none of)."""
+    return state is not None and state.done and len(state.history) >= job.config.budget
+
+
 def _finished(job: SearchJob) -> io.NodeOutput:
     """A search whose state file says it is done: its policy, with no sampling (as the foreground search ends)."""
     profile = job.load_profile()
     result = job.search(profile, [], lambda: False)  # a finished state evaluates nothing
     policy = job.finish(result, profile)
+    ended = background.JOBS.of_search(job.name, job.identity())
+    if ended is not None and ended.status not in background.ACTIVE:  # the tab's row of it (failed, say) says so
+        background.JOBS.put(background.Job(
+            job.name, job.state_path, job.config.budget, ended.node_id, {}, status="done",
+            evaluations=len(result.history), best_loss=float(policy.metrics["loss"]), mode=ended.mode,
+            message=f"done: {job.name}.json saved", identity=ended.identity))
     return io.NodeOutput(policy, cc.pil_to_image(plot_search(result, [float(t) for t in profile.times])))
 
 
@@ -182,13 +200,13 @@ def _foreground(job: SearchJob, node_id=None) -> io.NodeOutput:
     the search before its next image (after the reference runs), and the prompt goes on with the best policy so far
     (the state file is kept, as for a background search)."""
     state = _state(job)
-    if state is not None and state.done:
+    if _is_finished(job, state):
         return _finished(job)
     done = len(state.history) if state is not None else 0
     fg = background.JOBS.put(background.Job(
         job.name, job.state_path, job.config.budget, str(node_id or ""), {}, status="running",
         message="running in the foreground (this prompt): the reference runs", evaluations=done,
-        client_id=background.current_client(), mode="foreground"))
+        client_id=background.current_client(), mode="foreground", identity=job.identity()))
     try:
         refs = job.references(_reference_progress(len(job.seeds)))  # all of them: they are its profile too
         job.cancelled = lambda: fg.cancelled  # from here on a Cancel samples nothing more
@@ -253,36 +271,39 @@ def _evaluation_progress(budget: int, done: int) -> Callable[[int], None]:
 
 def _start(job: SearchJob, prompt: dict, node_id: str, slice_seconds: int) -> io.NodeOutput:
     """The user queued GCache Search: references (once), then the best policy so far, and a slice queued."""
-    running, key = background.JOBS.get(job.name), job.refs_key()
-    if running is not None and running.status in ("queued", "running") and running.refs_key == key:
+    running, key = background.JOBS.of_search(job.name, job.identity()), job.refs_key()
+    if running is not None and running.status in background.ACTIVE and running.mode == "background":
         log.info("GCache Search %s runs in the background (%d of %d evaluations): its best policy so far.", job.name,
                  running.evaluations, job.config.budget)
-        running.client_id = background.current_client()  # its next slices report their progress to this client
+        background.JOBS.update(running, client_id=background.current_client())  # its next slices report to it
         return _report(job, job.load_profile(), running)
     state = _state(job)
-    if state is not None and state.done:  # finished before: its policy, as the foreground search gives it
+    if _is_finished(job, state):  # finished before: its policy, as the foreground search gives it
         return _finished(job)
     refs = running.refs if running is not None and running.refs is not None and running.refs_key == key \
         else job.references(_reference_progress(len(job.seeds)))
     profile = job.load_profile()
-    bg = background.Job(job.name, job.state_path, job.config.budget, str(node_id),
-                        background.slice_prompt(prompt, node_id, job.name), refs=refs, refs_key=key,
+    bg = background.Job(job.name, job.state_path, job.config.budget, str(node_id), {}, refs=refs, refs_key=key,
                         evaluations=len(state.history) if state is not None else 0,
-                        client_id=background.current_client())
+                        client_id=background.current_client(), identity=job.identity())
+    bg.prompt = background.slice_prompt(prompt, node_id, bg.marker)  # its slices name this job, not just its name
     background.JOBS.put(bg)
     _queue_next(bg, f"started; {bg.evaluations} of {bg.budget} evaluations done" if state is not None else "started")
     return _report(job, profile, bg)
 
 
-def _slice(job: SearchJob, job_id: str, seconds: int) -> io.NodeOutput:
-    """A slice prompt: evaluations for `seconds`, then the next slice (or the end). Its first act is the move
-    queued → running (Jobs, under its lock): a slice whose search was cancelled, has ended or is already running
-    does nothing. A Cancel after that stops it before its next image (job.cancelled)."""
-    bg = background.JOBS.get(job_id)
-    if bg is not None and bg.mode != "background":  # the same name was searched in the foreground since
+def _slice(job: SearchJob, marker: str, seconds: int) -> io.NodeOutput:
+    """A slice prompt of the job `marker` names (Job.marker): evaluations for `seconds`, then the next slice (or the
+    end). Its first act is the move queued → running (Jobs, under its lock): a slice whose search was cancelled, has
+    ended or is already running does nothing, and so does one whose job is no longer its name's (a newer search of
+    that name, in the foreground or in the background, replaced it). A Cancel after that stops it before its next
+    image (job.cancelled)."""
+    bg = background.JOBS.of_marker(marker)
+    if bg is not None and bg.mode != "background":
         bg = None
     if bg is None or not background.JOBS.update(bg, status="running", message="evaluating"):
-        log.info("GCache Search %s: %s; this slice does nothing.", job_id, "not running" if bg is None else bg.status)
+        log.info("GCache Search %s: %s; this slice does nothing.", job.name,
+                 "not running (or replaced by a newer search of that name)" if bg is None else bg.status)
         profile = job.load_profile() if bg is not None else None
         return _report(job, profile, bg) if profile is not None else io.NodeOutput(None, None)
     job.cancelled = lambda: bg.cancelled
@@ -302,8 +323,10 @@ def _slice(job: SearchJob, job_id: str, seconds: int) -> io.NodeOutput:
             bar(bg.evaluations)
 
         result, why = run_slice(job, profile, refs, seconds, lambda: bg.cancelled, progress)
+        # the end inside the guard: a policy that can't be saved ends the job as failed, never leaves it running
+        policy = job.finish(result, profile) if why == "done" else None
     except SearchInterrupted:  # cancelled while it sampled its reference images: nothing more is sampled
-        log.info("GCache Search %s: cancelled; this slice stops.", job_id)
+        log.info("GCache Search %s: cancelled; this slice stops.", job.name)
         return io.NodeOutput(None, None)
     except comfy.model_management.InterruptProcessingException:  # Interrupt mid-evaluation (a BaseException in 0.33)
         background.JOBS.update(bg, status="paused", message="interrupted: queue GCache Search again to resume")
@@ -312,7 +335,6 @@ def _slice(job: SearchJob, job_id: str, seconds: int) -> io.NodeOutput:
         background.JOBS.update(bg, status="failed", message=str(e), refs=None)
         raise
     if why == "done":
-        policy = job.finish(result, profile)
         if not background.JOBS.update(bg, status="done", evaluations=len(result.history), refs=None,
                                       best_loss=float(policy.metrics["loss"]),
                                       message=f"done: {os.path.basename(job.state_path)[:-len('.search.json')]}"

@@ -142,7 +142,7 @@ def run(state: SearchState, profile: Profile, forecast: str, executor: Executor,
         def measure_fresh(mask: list, name: Optional[str]) -> Any:
             return evaluate_now(executor, mask, forecast=name, fresh=True)
     fresh = final_choice(state, profile, own, checked.pick, measure_fresh,
-                         skip_check or (None if executor.can_sample_fresh else CANT_SAMPLE))
+                         skip_check or (CANT_APPLY if executor.can_sample_fresh else CANT_SAMPLE))
     final = checked.pick if fresh is None or fresh.winner == checked.pick.key else \
         Candidate(fresh.winner, entry_of(state, fresh.winner), forecaster_of(fresh.winner, own))
     return EndGame(choice, checked, fresh, final)

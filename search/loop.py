@@ -110,15 +110,18 @@ class SearchLoop:
         self.own = forecasters.get(config.forecast).name
         self._errors = {self.own: forecasters.get(self.own).dp_errors(profile)}
         # the other profile-fitted forecasters' start masks need an evaluation that can apply them
-        others = executor.can_apply_forecaster and not skip_check
+        others = executor.can_apply_forecaster
         starts = start_masks(profile, config.k, config.forecast, extra_masks, others=others)
         own_starts = start_masks(profile, config.k, config.forecast, extra_masks, others=False) if others else starts
+        # a run that can't measure now (skip_check: a finished search queued again) resumes a file of either list (the
+        # file says which its search had); only a new search starts from the list this run can measure
+        first, other = (own_starts, starts) if skip_check else (starts, own_starts)
         self.profile, self.config, self.executor, self.q = profile, config, executor, q
         self.progress, self.should_stop, self.skip_check = progress, should_stop, skip_check
         self.provenance = json.loads(json.dumps(dict(provenance or {}), default=str))
-        self.state = SearchState.open(state_path, config, profile, self.provenance, [nm for nm, _, _ in starts],
-                                      [nm for nm, _, _ in own_starts])
-        self.starts = starts if self.state.starts_names == [nm for nm, _, _ in starts] else own_starts
+        self.state = SearchState.open(state_path, config, profile, self.provenance, [nm for nm, _, _ in first],
+                                      [nm for nm, _, _ in other])
+        self.starts = first if self.state.starts_names == [nm for nm, _, _ in first] else other
         config.validate(n, len(self.starts))
         self.grid_points = start_grid(config.degree + 1, config.s_min, config.s_max)
         self.surrogate = GPLCB(config.degree + 1, config.s_min, config.s_max, config.seed, config.n_candidates,

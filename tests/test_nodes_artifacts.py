@@ -1,4 +1,5 @@
 """The nodes' artifact files (headless): names, lists, accumulation, files beside, no unpickling."""
+import functools
 import os
 
 import numpy as np
@@ -114,39 +115,82 @@ def test_a_profile_locked_too_long_is_left_unchanged(tmp_path):
 
 
 # ------------------------------------------------------------------------------ the searched policy auto applies
-def _searched(loss, seeds=(0, 1), state="s1", objective="ssim", steps=6, fresh=None, fresh_seeds=(2, 3)):
+def _searched(loss, seeds=(0, 1), state="s1", objective="ssim", steps=6):
     from gcache.core.policy import Policy
     prov = {"model": "Flux", "seeds": list(seeds), "inputs": "abc", "steps": steps, "cfg": 1.0, "sampler": "euler",
             "scheduler": "simple", "latent_shape": [1, 16, 8, 8], "state": state}
-    metrics = {"loss": loss, "objective": objective}
-    if fresh is not None:  # a search whose final choice sampled fresh seeds (search/result.py writes both)
-        prov["fresh_seeds"] = {"seeds": list(fresh_seeds), "replaced": False, "losses": {"m": fresh}}
-        metrics["fresh_loss"] = fresh
-    return Policy([1, 0, 1, 0, 0, 1], method="gcache", provenance=prov, metrics=metrics)
+    return Policy([1, 0, 1, 0, 0, 1], method="gcache", provenance=prov, metrics={"loss": loss, "objective": objective})
+
+
+# GCache Search's provenance (nodes/search_jobs/job.py SearchJob.provenance) for the fixture's four seeds
+NODE_PROVENANCE = {"model": "Flux", "seeds": [11, 12, 13, 14], "inputs": "abc", "steps": 10, "cfg": 1.0,
+                   "sampler": "euler", "scheduler": "simple", "latent_shape": [1, 16, 8, 8]}
+
+
+@functools.lru_cache(maxsize=None)
+def _fresh_search() -> str:
+    """The policy (as JSON) of a real search on tests/search_fixture.py whose final choice sampled fresh seeds: made by
+    search.result.build, with the provenance GCache Search gives it."""
+    import search_fixture as fx
+
+    from gcache.search.config import SearchConfig
+    from gcache.search.loop import run_search
+
+    class Fresh(fx.Evaluator):
+        can_sample_fresh = True  # as GCache Search's Evaluation: the fresh seeds' losses are another draw
+
+        def __call__(self, mask, forecast=None, fresh=False):
+            return [v * (0.8 if fresh else 1.0) for v in super().__call__(mask, forecast)]
+    res = run_search(fx.make_profile(), SearchConfig(**{**fx.CONFIG, "budget": 26}), Fresh(),
+                     provenance=NODE_PROVENANCE)
+    assert isinstance(res.policy.provenance["fresh_seeds"]["seeds"], int)  # what end_game.py writes: a count
+    return res.policy.to_json()
+
+
+def _fresh_searched(loss, fresh, state):
+    """The real search's policy as another search on the same seeds and references would have saved it: its id, loss
+    on the search seeds and loss on the fresh seeds replaced."""
+    from gcache.core.policy import Policy
+    pol = Policy.from_json(_fresh_search())
+    pol.provenance["state"] = state
+    pol.metrics["loss"], pol.metrics["fresh_loss"] = loss, fresh
+    return pol
+
+
+def test_a_finished_search_saved_again_compares_on_its_fresh_seeds(tmp_path):
+    """Every re-queue of a finished fitted search saves its policy again: the second save read the provenance the
+    search writes (the fresh seeds' count) as a list of seeds and failed with TypeError."""
+    from gcache.core.policy import Policy
+    from gcache.search.end_game import fresh_seeds
+    pol = Policy.from_json(_fresh_search())
+    assert files.fresh_evidence(pol) == (fresh_seeds(NODE_PROVENANCE["seeds"]), pol.metrics["fresh_loss"])
+    assert fresh_seeds(NODE_PROVENANCE["seeds"]) == [15, 16, 17, 18]  # by hand: the next four after 14
+    path = str(tmp_path / "auto_Flux-1234abcd_10steps_simple_K4_searched.json")
+    assert files.save_searched(path, pol).ours
+    again = files.save_searched(path, Policy.from_json(_fresh_search()))
+    assert not again.ours and "ranked on the 4 fresh seeds its final choice sampled" in again.note
 
 
 def test_auto_ranks_two_searched_policies_by_their_fresh_seed_loss_as_the_search_does(tmp_path):
     """A pair whose two losses disagree: the earlier policy has the lower search-seed loss (the figure the fresh-seed
     choice calls the most flattered), the new one the lower fresh-seed loss: the new one replaces it. Without a fresh
-    loss on both, on the same fresh seeds, the search-seed loss ranks them, and the note says which evidence."""
+    loss on both, the search-seed loss ranks them, and the note says which evidence."""
     from gcache.core.policy import Policy
-    path = str(tmp_path / "auto_Flux-1234abcd_6steps_simple_K3_searched.json")
-    files.save_searched(path, _searched(0.10, state="a", fresh=0.40))
-    won = files.save_searched(path, _searched(0.20, state="b", fresh=0.30))
+    path = str(tmp_path / "auto_Flux-1234abcd_10steps_simple_K4_searched.json")
+    files.save_searched(path, _fresh_searched(0.10, 0.40, "a"))
+    won = files.save_searched(path, _fresh_searched(0.20, 0.30, "b"))
     assert won.ours and Policy.load(path).provenance["state"] == "b"
     assert won.note == "it replaces the policy an earlier search saved there: on the same seeds and reference " \
-        "images, ranked on the 2 fresh seeds its final choice sampled, its loss 0.3 is lower than that one's 0.4"
-    lost = files.save_searched(path, _searched(0.05, state="c", fresh=0.35))  # lower search loss, higher fresh loss
+        "images, ranked on the 4 fresh seeds its final choice sampled, its loss 0.3 is lower than that one's 0.4"
+    lost = files.save_searched(path, _fresh_searched(0.05, 0.35, "c"))  # lower search loss, higher fresh loss
     assert not lost.ours and Policy.load(path).provenance["state"] == "b"
-    assert "ranked on the 2 fresh seeds its final choice sampled, its loss 0.3 is not higher than this search's " \
+    assert "ranked on the 4 fresh seeds its final choice sampled, its loss 0.3 is not higher than this search's " \
         "0.35" in lost.note
-    # only one of the two has a fresh loss: the search-seed loss, said as such
-    one = files.save_searched(path, _searched(0.15, state="d"))
+    # only one of the two has a fresh loss (a search with a fixed rule samples none): the search-seed loss, said so
+    plain = _fresh_searched(0.15, 0.0, "d")
+    del plain.provenance["fresh_seeds"], plain.metrics["fresh_loss"]
+    one = files.save_searched(path, plain)
     assert one.ours and "ranked on the search seeds (only one has a loss on fresh seeds to rank them by)" in one.note
-    # fresh losses on other fresh seeds don't compare either
-    assert files.save_searched(path, _searched(0.14, state="e", fresh=0.9)).ours
-    other = files.save_searched(path, _searched(0.12, state="f", fresh=0.95, fresh_seeds=(7, 8)))  # 0.12 < 0.14
-    assert other.ours and "ranked on the search seeds (they have different fresh seeds to rank them by)" in other.note
 
 
 def test_a_searched_policy_never_silently_replaces_a_better_one_on_the_same_seeds(tmp_path):
@@ -166,7 +210,8 @@ def test_a_searched_policy_never_silently_replaces_a_better_one_on_the_same_seed
     assert better.ours and Policy.load(path).metrics["loss"] == 0.10
     assert better.note == "it replaces the policy an earlier search saved there: on the same seeds and reference " \
         "images, ranked on the search seeds (neither has a loss on fresh seeds to rank them by), its loss 0.1 is " \
-        "lower than that one's 0.2"
+        "lower " \
+        "than that one's 0.2"
     again = files.save_searched(path, _searched(0.15, state="d"))  # the same search resumed: the lower loss still
     assert not again.ours and Policy.load(path).metrics["loss"] == 0.10
     # other seeds (or another objective): the losses don't compare; the earlier one is kept beside, in Apply's list

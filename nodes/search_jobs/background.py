@@ -27,14 +27,16 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ...core.errors import GCacheError
 from ...core.user_text import without_server_paths
 from ..artifacts import POLICY_SUFFIX, STATE_SUFFIX
 
 log = logging.getLogger("gcache")
-SLICE_KEY = "gcache_slice"  # in a slice prompt's GCache Search inputs: the search it continues
+SLICE_KEY = "gcache_slice"  # in a slice prompt's GCache Search inputs: the job it continues ("<id>/<token>")
 EVENT = "gcache.search"
 
 
@@ -68,6 +70,8 @@ class Job:
     queued_prompt: Optional[str] = None
     client_id: Optional[str] = None  # who queued the search: each slice's progress goes to that client
     mode: str = "background"         # "foreground": one prompt searches until done (no slices; see search_node.py)
+    identity: str = ""               # what the search is (model, references, config: SearchJob.identity)
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)  # this job, not another of its name: its slices
     updated: float = field(default_factory=time.time)
 
     def public(self) -> dict:
@@ -79,6 +83,11 @@ class Job:
     @property
     def cancelled(self) -> bool:
         return self.status == "cancelled"
+
+    @property
+    def marker(self) -> str:
+        """What its slice prompts carry (SLICE_KEY): its id and token ("/" is in no policy name)."""
+        return f"{self.id}/{self.token}"
 
 
 class Jobs:
@@ -94,10 +103,27 @@ class Jobs:
         with self._lock:
             return self._jobs.get(job_id)
 
+    def of_marker(self, marker: Optional[str]) -> Optional[Job]:
+        """The job a slice prompt's marker names: None when that job is no longer this id's (a newer search of the
+        name replaced it), or the marker names none."""
+        job_id, _, token = str(marker or "").rpartition("/")
+        job = self.get(job_id)
+        return job if job is not None and token and job.token == token else None
+
+    def of_search(self, job_id: str, identity: str) -> Optional[Job]:
+        """The job of this id when it is this search (the same identity), else None."""
+        job = self.get(job_id)
+        return job if job is not None and job.identity == identity else None
+
     def put(self, job: Job) -> Job:
+        """Lists `job` under its id. A live (queued or running) job of the id that is another search is never
+        replaced: GCacheError, nothing changed (search_node.py refuses such a start before any sampling)."""
         if job.status not in MOVES:
             raise ValueError(f"GCache internal error: a job can't start as {job.status!r}")
         with self._lock:
+            live = self._jobs.get(job.id)
+            if live is not None and live is not job and live.status in ACTIVE and live.identity != job.identity:
+                raise GCacheError(another_search(live))
             self._jobs[job.id] = job
             job.updated = time.time()
             row = job.public()
@@ -158,6 +184,13 @@ class Jobs:
         return out
 
 
+def another_search(live: Job) -> str:
+    """Why a search can't start while `live`, another search of its policy name, is queued or running."""
+    return (f"GCache Search {live.id} is {live.status} in this ComfyUI for another model, other inputs or settings, "
+            f"and {os.path.basename(live.state_path)} and its profile are that search's. Nothing was sampled: give "
+            "this search another policy_name, or cancel the other one in the GCache tab first.")
+
+
 def _state_row(folder: str, f: str) -> Optional[dict]:
     """The tab's row of a state file no search of this process owns (None: not a readable state)."""
     from ...search.state import SearchState
@@ -214,8 +247,9 @@ def _send(data: dict) -> None:
 
 
 # ------------------------------------------------------------------------------------------- slice prompts
-def slice_prompt(prompt: dict, node_id: str, job_id: str) -> dict:
-    """GCache Search's node and everything upstream of it in `prompt` (API format), with the slice marker."""
+def slice_prompt(prompt: dict, node_id: str, marker: str) -> dict:
+    """GCache Search's node and everything upstream of it in `prompt` (API format), with the slice marker (the job's
+    Job.marker)."""
     keep, todo = set(), [str(node_id)]
     while todo:
         nid = todo.pop()
@@ -229,12 +263,12 @@ def slice_prompt(prompt: dict, node_id: str, job_id: str) -> dict:
     # NaN sent back as JSON would be one shared NaN object, equal to itself, and GCache Search would come from cache)
     out = {nid: json.loads(json.dumps({k: prompt[nid][k] for k in ("class_type", "inputs", "_meta")
                                        if k in prompt[nid]})) for nid in keep}
-    out[str(node_id)]["inputs"][SLICE_KEY] = job_id
+    out[str(node_id)]["inputs"][SLICE_KEY] = marker
     return out
 
 
 def marker(prompt: Optional[dict], node_id: Optional[str]) -> Optional[str]:
-    """The search a slice prompt continues (None when the user queued the node)."""
+    """The job marker of a slice prompt (Job.marker; None when the user queued the node)."""
     try:
         return prompt[str(node_id)]["inputs"].get(SLICE_KEY)
     except (TypeError, KeyError, AttributeError):

@@ -7,6 +7,7 @@ gives a policy that computes every step, saves nothing, and says why.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -37,7 +38,7 @@ from ..modes.base import ModeConfig
 from ..modes.profile import profile_config
 from ..modes.verdicts import describe, recorded_fail, refusal
 from ..patching import hooks
-from ..patching.content_hash import content_hash
+from ..patching.content_hash import content_hash, model_key
 from .sampling import decode, sample
 
 log = logging.getLogger("gcache")
@@ -87,6 +88,13 @@ class SearchJob:
 
     def refs_key(self) -> str:
         return content_hash(self.provenance())
+
+    def identity(self) -> str:
+        """What this search is, beyond its name: its model's weights (model_key), its references (provenance) and its
+        config (less the budget, which a search may grow). Two queues of one policy name with another identity are
+        two searches."""
+        return content_hash(json.dumps({"weights": model_key(self.model), "references": self.refs_key(),
+                                        "config": self.config.identity()}, sort_keys=True, default=str))
 
     def run(self, m, seed: int):
         """One image of `seed` under `m` (a reference, an evaluation's or a fresh seed's): SearchInterrupted instead

@@ -79,6 +79,13 @@ def _mask_row(draw: ImageDraw.ImageDraw, top: int, mask: Sequence[int], title: s
     return top + 60
 
 
+def ringed(result_or_state, state: SearchState):
+    """The history entry the plot rings: the final policy's (a SearchResult's end game: after the fresh seeds replaced
+    the pick, the finalist that won), else the mask the search would return now (choice.choose)."""
+    final = getattr(getattr(result_or_state, "end", None), "final", None)
+    return final.entry if final is not None else choose(state).entry
+
+
 def plot_search(result_or_state, times: Optional[Sequence[float]] = None) -> Image.Image:
     """A SearchResult, a SearchState, or a state file's content (a dict) → RGB image."""
     state = getattr(result_or_state, "state", result_or_state)
@@ -107,7 +114,7 @@ def plot_search(result_or_state, times: Optional[Sequence[float]] = None) -> Ima
     p.legend([("start masks", COLORS["instant"]), ("start grid", COLORS["grid"]), ("GP-LCB", COLORS["gp"]),
               ("polish", COLORS["polish"]), ("reused mask", COLORS["reused"]), ("best so far", COLORS["best"]),
               ("argmin mu", COLORS["final"])])
-    winner = choose(state).entry  # the mask the search returns (or would return now)
+    winner = ringed(result_or_state, state)
     if winner is not None:  # the chosen mask: a ring around its point
         x = len(hist) if winner is fin else winner["i"]
         p.dot(x, f(winner["loss"]), COLORS["best"], r=8, hollow=True)

@@ -25,7 +25,8 @@ from gcache_test_pack import Gate  # noqa: E402
 BUDGET = 30
 
 
-def search_prompt(name: str, mode: str, slice_seconds: int = 1, seeds: int = 2, gate: str = "") -> dict:
+def search_prompt(name: str, mode: str, slice_seconds: int = 1, seeds: int = 2, gate: str = "",
+                  forecast: str = "reuse (0)", budget: int = BUDGET) -> dict:
     return {
         "1": {"class_type": "GCacheTestTinyFlux", "inputs": {"seed": 0}},
         "2": {"class_type": "GCacheTestCond", "inputs": {"tokens": 6, "dim": 32, "pooled": 24, "seed": 1}},
@@ -35,7 +36,7 @@ def search_prompt(name: str, mode: str, slice_seconds: int = 1, seeds: int = 2, 
         "6": {"class_type": "GCacheSearch", "inputs": {
             "model": ["1", 0], "positive": ["2", 0], "negative": ["3", 0], "latent": ["4", 0], "vae": ["5", 0],
             "seed": 7, "seeds": seeds, "steps": 12, "cfg": 2.0, "sampler_name": "euler", "scheduler": "simple", "k": 4,
-            "budget": BUDGET, "degree": 2, "objective": "ssim", "forecast": "reuse (0)", "policy_name": name,
+            "budget": budget, "degree": 2, "objective": "ssim", "forecast": forecast, "policy_name": name,
             "mode": mode, "slice_seconds": slice_seconds}},
     }
 
@@ -124,7 +125,7 @@ def ran(srv, pid) -> tuple[int, int]:
 def slices_of(srv, name) -> list[str]:
     """The prompt ids of the search's slices in ComfyUI's history."""
     return [pid for pid, h in _get(srv["url"] + "/history?max_items=1000").items()
-            if json.dumps(h.get("prompt", [None, None, {}])[2]).count(f'"gcache_slice": "{name}"')]
+            if json.dumps(h.get("prompt", [None, None, {}])[2]).count(f'"gcache_slice": "{name}/')]
 
 
 @pytest.fixture(scope="module")
@@ -304,3 +305,36 @@ def test_interrupt_pauses_the_search_and_queueing_it_again_resumes(server):
     assert final["evaluations"] == BUDGET
     resumed = state_file(server, "interrupt_me")
     assert resumed["history"][:len(state["history"])] == state["history"]
+
+
+def test_a_finished_search_queued_again_and_grown_leaves_no_row_running(server):
+    """A finished fitted search queued again unchanged was refused (its start masks), and saving it again failed on
+    its fresh seeds, leaving its row "running" with ComfyUI's queue empty; a larger budget was refused too. Here: the
+    search, queued again in the background and in the foreground, then with a larger budget, through ComfyUI's own
+    queue; after each, with nothing running or queued, no row of the GCache tab says running or queued."""
+    name, fitted = "requeued", "fitted (profile)"
+
+    def settled(what):
+        idle(server)
+        rows = _get(server["url"] + "/gcache/searches")["searches"]
+        assert not [r for r in rows if r["status"] in ("queued", "running")], (what, rows)
+        return search(server, name)
+
+    assert finished(server, queue(server, search_prompt(name, "background", forecast=fitted)))["status"][
+        "status_str"] == "success"
+    wait_for(server, name, lambda s: s.get("status") == "done", "finished")
+    first = settled("the search")
+    saved = policy_file(server, name)
+    for mode in ("background", "foreground"):
+        h = finished(server, queue(server, search_prompt(name, mode, forecast=fitted)))
+        assert h["status"]["status_str"] == "success", (mode, server["log"].read_text()[-3000:])
+        row = settled(f"queued again ({mode})")
+        assert row["status"] == "done" and row["evaluations"] == first["evaluations"] == BUDGET, row
+        assert policy_file(server, name) == saved
+    grown = BUDGET + 4
+    h = finished(server, queue(server, search_prompt(name, "background", forecast=fitted, budget=grown)))
+    assert h["status"]["status_str"] == "success", server["log"].read_text()[-3000:]
+    wait_for(server, name, lambda s: s.get("status") == "done", "finished with the larger budget")
+    row = settled("grown")
+    assert row["evaluations"] == grown == len(state_file(server, name)["history"]) and row["budget"] == grown
+    assert policy_file(server, name)["provenance"]["iterations"] == grown

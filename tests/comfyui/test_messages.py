@@ -284,9 +284,9 @@ def test_a_background_slice_that_finds_a_damaged_state_file_ends_the_search_in_t
     from types import SimpleNamespace
     state = gcache_dir / "s_slice.search.json"
     state.write_text("{ not json")  # damaged between two slices
-    background.JOBS.put(background.Job("s_slice", str(state), 12, "6", {}, status="queued"))
+    bg = background.JOBS.put(background.Job("s_slice", str(state), 12, "6", {}, status="queued"))
     monkeypatch.setattr(GCacheSearch, "hidden", SimpleNamespace(
-        prompt={"6": {"inputs": {background.SLICE_KEY: "s_slice"}}}, unique_id="6"), raising=False)
+        prompt={"6": {"inputs": {background.SLICE_KEY: bg.marker}}}, unique_id="6"), raising=False)
     no_sampling(monkeypatch)
     with pytest.raises(GCacheError, match="s_slice.search.json is unreadable or damaged"):
         GCacheSearch.execute(*search_args(flux, "s_slice"))

@@ -105,8 +105,13 @@ def start(jobs, job, refs=("r0", "r1")):
     return bg
 
 
-def slice_in_thread(job) -> threading.Thread:
-    t = threading.Thread(target=search_node._slice, args=(job, NAME, 0), daemon=True)
+def marker() -> str:
+    """What the slice prompts of the search started last carry (its Job.marker)."""
+    return background.JOBS.get(NAME).marker
+
+
+def slice_in_thread(job, mark=None) -> threading.Thread:
+    t = threading.Thread(target=search_node._slice, args=(job, mark or marker(), 0), daemon=True)
     t.start()
     return t
 
@@ -145,7 +150,7 @@ def cancelled_at(slices, point: str, **start_kw):
 def the_queued_slice_samples_nothing(jobs, queued, job, before):
     """Every slice prompt in the queue runs: the search stays cancelled and nothing more is sampled."""
     for _ in range(len(queued)):
-        search_node._slice(job, NAME, 0)
+        search_node._slice(job, marker(), 0)
     assert job.sampled == before and jobs.get(NAME).status == "cancelled"
 
 
@@ -154,6 +159,7 @@ def test_a_cancel_before_the_slices_status_check(slices):
     job = CountedJob(folder)
     start(jobs, job)
     barrier = Barrier()
+    mark = marker()  # what the slice prompt carries
     real_get = jobs.get
 
     def get(job_id):  # the slice prompt has started; its first look at the job is held here
@@ -161,7 +167,7 @@ def test_a_cancel_before_the_slices_status_check(slices):
             barrier()
         return real_get(job_id)
     jobs.get = get
-    t = slice_in_thread(job)
+    t = slice_in_thread(job, mark)
     cancel_at(jobs, barrier, t)
     barrier.go.set()
     settle(t)
@@ -225,7 +231,7 @@ def test_slices_without_a_cancel_go_on_until_the_search_is_done(slices):
     for _ in range(CFG["budget"] + 5):
         if jobs.get(NAME).status != "queued":
             break
-        search_node._slice(job, NAME, 0)
+        search_node._slice(job, marker(), 0)
     bg = jobs.get(NAME)
     assert bg.status == "done" and finished and evaluations_in_state(job) == CFG["budget"]
     assert job.sampled.count("ref") == 0 and job.sampled.count("eval") % 2 == 0
