@@ -149,7 +149,9 @@ def test_windows_that_move_every_step_compute_where_their_residual_is_older(wan,
         both = ksample(windows(with_policy(m, MASK), False, "standard_uniform"), pos, neg, lat)
     said = [s for s in gcache_messages(caplog) if s.startswith("GCache: computed")]
     done = re.match(r"GCache: computed (\d+)/(\d+) steps, skipped (\d+)", said[0])
-    assert done and int(done.group(1)) >= sum(MASK), said
+    assert done and int(done.group(1)) >= sum(MASK) and int(done.group(3)) > 0, said
+    assert "context windows, each with its own residual" in said[0] and "window call(s) of skipped steps computed" \
+        in said[0], said
     plain = ksample(windows(m, False, "standard_uniform"), pos, neg, lat)
     alone = per_frame(ksample(with_policy(m, MASK), pos, neg, lat), ksample(m, pos, neg, lat))
     assert max(w / a for w, a in zip(per_frame(both, plain), alone)) <= RULE
@@ -163,3 +165,25 @@ def test_the_profile_under_context_windows_records_each_window(wan, tmp_path, ca
                 cfg=3.0)
     assert not gcache_messages(caplog, logging.WARNING), gcache_messages(caplog, logging.WARNING)
     assert Profile.load(path).count == 2 * WINDOWS  # cond and uncond of each window
+
+
+@pytest.mark.parametrize("schedule,added", [("standard_uniform", 2), ("looped_uniform", 0)])
+def test_the_profile_leaves_out_windows_that_ran_on_some_steps_only_and_says_so(schedule, added, wan, tmp_path,
+                                                                                 caplog):
+    """Windows that move (uniform schedules) are not samples of every step: the ones at every step are added (at 8
+    frames, standard_uniform keeps 0-3 and 4-7 at every step; looped_uniform keeps none), said once, never as a
+    "missed steps (interrupted run?)" per window."""
+    m, pos, neg, lat = wan
+    path = tmp_path / "w.profile.safetensors"
+    with caplog.at_level(logging.INFO, logger="gcache"):
+        ksample(windows(hooks.patch_model(m, profile_mode.profile_config(m, str(path), folder="")), False, schedule),
+                pos, neg, lat)
+    said = gcache_messages(caplog)
+    assert not any("interrupted run" in s for s in said), said
+    assert sum("ran on some steps only" in s for s in said) == 1, said
+    if added:
+        assert Profile.load(str(path)).count == added and not gcache_messages(caplog, logging.WARNING)
+    else:
+        assert not path.exists()
+        assert [s for s in gcache_messages(caplog, logging.WARNING) if "no context window ran at every step" in s
+                and "standard_static" in s], said
