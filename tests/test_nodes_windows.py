@@ -169,3 +169,30 @@ def test_a_window_that_does_not_say_its_frames_turns_caching_off_loudly(caplog):
         run.begin_call(1.0, {"context_window": object()})
     assert run.disabled and "which frames" in run.disabled
     assert any("computes every step" in r.getMessage() for r in caplog.records)
+
+
+def test_windows_that_do_not_name_themselves_stop_the_caching_before_anything_skips(caplog):
+    """A ComfyUI whose context windows stop naming the window: two calls of the same conds at one sigma between two
+    callbacks. Caching stops on the first step (which computes), loudly; never a shared residual."""
+    run = RunState(lambda: ResidualCache(MASK), StepTracker(sigmas(len(MASK))), "owner")
+    run.context_handler = True
+    topts = {"cond_or_uncond": [0], "uuids": ["u"]}
+    with caplog.at_level(logging.ERROR, logger="gcache"):
+        run.begin_call(1.0, topts)
+        assert run.disabled is None
+        run.begin_call(1.0, topts)
+    assert run.disabled and "naming the window" in run.disabled
+    assert any("computes every step" in r.getMessage() for r in caplog.records)
+
+
+def test_heuns_second_call_at_a_sigma_is_not_taken_for_a_window():
+    """Heun evaluates σ_1 as the correction of step 0 (before its callback) and again as step 1 (after it)."""
+    run = RunState(lambda: ResidualCache(MASK), StepTracker(sigmas(len(MASK))), "owner")
+    run.context_handler = True  # the node is there, but the video fits one window: calls name no window
+    topts = {"cond_or_uncond": [0], "uuids": ["u"]}
+    s = sigmas(len(MASK))
+    run.begin_call(s[0], topts)
+    run.begin_call(s[1], topts)  # the correction
+    run.tracker.completed(0)
+    run.begin_call(s[1], topts)  # step 1
+    assert run.disabled is None

@@ -135,6 +135,8 @@ class RunState:
         self.alloc_context: Optional[Callable] = None  # where the caches make what they keep (memory_compiler.py)
         self.uncached: set = set()  # patch signatures of calls that left the stack unpaired: they compute
         self.windows: set = set()   # the (frames, anchor) of the context windows the run's calls ran (Windowed)
+        self.context_handler = False  # the sampler's model_options carry ComfyUI's context windows (hooks.py sets it)
+        self._unnamed: set = set()  # (callbacks, sigma, branches) of calls under a context handler naming no window
         self.selfcheck = None       # a run that computes every step: its self-check of the skip path (selfcheck.py)
         self.off_for_call: Callable = contextlib.nullcontext  # around a call that skips in a run that may not
         #                                                       (the self-check's replay; memory_compiler.py)
@@ -184,11 +186,26 @@ class RunState:
             if window is not None:  # ComfyUI's context windows: one call per window, each a branch of its own
                 keys = [Windowed(k, *window) for k in keys]
                 self.windows.add(window)
+            elif self.context_handler and self.disabled is None:
+                self._check_unnamed(sigma, keys)
             ln.branches = [Variant(k, patches) for k in keys] if patches else keys
             self.calls += 1
         ln.compute, ln.patches, ln.in_slot = True, patches, None
         ln.through = patches in self.uncached
         return step
+
+    def _check_unnamed(self, sigma: float, keys: list) -> None:
+        """Context windows that do not name their window (a ComfyUI that stopped putting it in transformer_options)
+        call the model for the same conds more than once at one sigma: their windows would share one residual, and a
+        skipped step would hand every window the last one's. Caching stops at the second such call, on the first
+        step, before anything skips. Calls are told apart by the sampler's callbacks so far: Heun's correction at
+        σ_{i+1} comes before step i's callback, step i + 1's own call at that σ after it."""
+        call = (self.tracker.done, sigma, tuple(keys))
+        if call in self._unnamed:
+            self.disable("ComfyUI's context windows called the model twice for the same conds at one step without "
+                         "naming the window (transformer_options['context_window']), so GCache cannot keep each "
+                         "window's residual apart")
+        self._unnamed.add(call)
 
     def end_call(self) -> bool:
         """The model call of this thread returned. True when it must run again: it entered the stack through

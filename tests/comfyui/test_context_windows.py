@@ -204,3 +204,28 @@ def test_the_profile_leaves_out_windows_that_ran_on_some_steps_only_and_says_so(
         assert not path.exists()
         assert [s for s in gcache_messages(caplog, logging.WARNING) if "no context window ran at every step" in s
                 and "standard_static" in s], said
+
+
+def test_windows_that_do_not_name_themselves_turn_caching_off_loudly(wan, caplog):
+    """A ComfyUI whose context windows stop putting the window in transformer_options (emulated by a CALC_COND_BATCH
+    wrapper that takes it out): GCache can't keep the windows apart, says so and computes every step."""
+    import comfy.patcher_extension as pe
+    m, pos, neg, lat = wan
+
+    def unnamed(executor, model, conds, x_in, timestep, model_options):
+        topts = {k: v for k, v in model_options["transformer_options"].items() if k != "context_window"}
+        return executor(model, conds, x_in, timestep, dict(model_options, transformer_options=topts))
+
+    def without_names(model):
+        model = model.clone()
+        model.add_wrapper_with_key(pe.WrappersMP.CALC_COND_BATCH, "test", unnamed)
+        return model
+
+    plain = ksample(without_names(windows(m, False)), pos, neg, lat)
+    with caplog.at_level(logging.INFO, logger="gcache"):
+        out = ksample(without_names(windows(with_policy(m, MASK), False)), pos, neg, lat)
+    assert torch.equal(out, plain)  # every step computed: the image of plain + windows
+    errors = gcache_messages(caplog, logging.ERROR)
+    assert len(errors) == 1 and "without naming the window" in errors[0], errors
+    said = [s for s in gcache_messages(caplog) if s.startswith("GCache: computed")]
+    assert said and ", skipped 0," in said[0], said  # (a disabled run's line counts the steps before it stopped)
