@@ -54,6 +54,7 @@ class CacheStats:
     stack_seconds: dict = field(default_factory=dict)  # step -> seconds in the block stack (a StackClock)
     record_seconds: dict = field(default_factory=dict)  # step -> seconds of profile recording (not the model's)
     decided: dict = field(default_factory=dict)       # step -> whether it computed the stack
+    forced_calls: int = 0  # stack calls of skipped steps that computed: their branch had no residual (engine.enter)
 
     @classmethod
     def merged(cls, parts: Sequence["CacheStats"]) -> "CacheStats":
@@ -72,6 +73,7 @@ class CacheStats:
                 for step, t in getattr(p, name).items():
                     getattr(out, name)[step] = max(getattr(out, name).get(step, 0.0), t)
             out.stack_calls += p.stack_calls
+            out.forced_calls += p.forced_calls
             out.resets += p.resets
             out.peak_bytes += p.peak_bytes
         out.computed_steps = sum(out.decided.values())
@@ -151,6 +153,9 @@ class ResidualCache:
         self.times = [float(t) for t in times] if times is not None else None
         # Steps whose δ a later skipped step uses: the last `keeps` computed steps before each skip.
         self._needed = forecasters.needed_steps(mask, self.forecaster.keeps) if mask is not None else set()
+        # per step, the last computed step before it: a skipped step reuses a branch's δ only if the branch was
+        # computed there or later (a context window that moved away and back has only an older δ: it computes)
+        self._fresh_from = last_computed_before(mask) if mask is not None else []
         self.cache_device = torch.device(cache_device) if cache_device is not None else None
         self.observers = tuple(observers)  # told about each stack entry (observer.py), in this order
         self.alloc_context = alloc_context or contextlib.nullcontext  # where kept tensors are made (module doc)
@@ -175,7 +180,25 @@ class ResidualCache:
                 f"Sampler step {step} is outside the policy's {len(self.mask)} steps: the policy was made for "
                 "another step count. Remap it (GCache Apply does this by normalized time) or search again."
             )
+        if step != self.step and self._fresh_from:
+            self._drop_stale(step)
         self.step = step
+
+    def _drop_stale(self, step: int) -> None:
+        """Forget the δ of branches not computed at the last computed step before `step` (nor later): no skipped
+        step from here on may use it. Only calls that do not run at every step (ComfyUI's context windows of a
+        schedule that moves them) leave such δ; holding them would grow the cache with every window seen."""
+        fresh = self._fresh_from[step]
+        stale = [k for k, kept in self._deltas.items() if not self._is_fresh(kept, fresh)]
+        for k in stale:
+            del self._deltas[k]
+            self._meta.pop(k, None)
+        if stale:
+            self.stats.bytes_held = sum(d.numel() * d.element_size() for v in self._deltas.values() for _, d in v)
+
+    @staticmethod
+    def _is_fresh(kept: list, fresh: Optional[int]) -> bool:
+        return fresh is None or kept[-1][0] is None or kept[-1][0] >= fresh
 
     def expect_steps(self, n_steps: int) -> None:
         """Refuse a policy made for another step count before sampling starts."""
@@ -187,6 +210,9 @@ class ResidualCache:
 
     def step_computes(self, step: Optional[int]) -> bool:
         return self.mask is None or step is None or bool(self.mask[step])
+
+    def _fresh(self, step: Optional[int]) -> Optional[int]:
+        return self._fresh_from[step] if step is not None and self._fresh_from else None
 
     def _must_store(self, step: Optional[int], forced: bool) -> bool:
         # δ is only needed if a later step will use it: skip the subtraction on back-to-back computed steps.
@@ -221,14 +247,24 @@ class ResidualCache:
                 self.reset()
                 self.stats.resets += 1
                 break
-        if not compute and any(k not in self._deltas for k in keys):
-            compute, forced = True, True  # a branch we have no residual for (new cond, reset): compute it
+        if not compute and any(k not in self._deltas or not self._is_fresh(self._deltas[k], self._fresh(step))
+                               for k in keys):
+            compute, forced = True, True  # a branch with no residual of the last computed step (new cond, reset,
+            #                               a context window new at this step): compute it
         if step is not None and step not in self.stats.decided:
             self.stats.decided[step] = compute
             if compute:
                 self.stats.computed_steps += 1
             else:
                 self.stats.skipped_steps += 1
+        elif step is not None and compute and not self.stats.decided[step]:
+            # a later call of a skipped step computed (a branch with no residual yet: a context window new at this
+            # step, a cond that starts late): the step ran the stack, it counts as computed (as in merged())
+            self.stats.decided[step] = True
+            self.stats.computed_steps += 1
+            self.stats.skipped_steps -= 1
+        if forced:
+            self.stats.forced_calls += 1
         self.stats.stack_calls += 1
         # δ = z − h needs h as it was on entry, and some families' blocks add into their input in place (LTXV
         # `x +=`, Chroma `addcmul_`). Snapshot it (one tensor per branch), but only on steps whose δ is kept or
@@ -421,6 +457,15 @@ class ResidualCache:
 
     def summary(self, io_share: Optional["IoShare | float"] = None) -> str:
         return self.stats.summary(io_share)
+
+
+def last_computed_before(mask: Sequence[int]) -> list[Optional[int]]:
+    """For each step of a 0/1 mask, the last step before it that the mask computes (None for the first)."""
+    out, last = [], None
+    for i, m in enumerate(mask):
+        out.append(last)
+        last = i if m else last
+    return out
 
 
 def to_device(delta: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -59,7 +59,8 @@ class ApplyConfig(ModeConfig):
             self.warn_if_unpatched(run, stats)
             extra = [x for x in (placement.note,
                                  self.adapter.name if self.adapter.route == Route.FALLBACK else "",
-                                 f"{how}, {fc.keeps} residuals kept per branch" if fc.keeps > 1 else "")
+                                 f"{how}, {fc.keeps} residuals kept per branch" if fc.keeps > 1 else "",
+                                 windows_note(run, stats))
                      if x]
             log.info("%s [%s, %s%s]%s", stats.summary(share), self.model_name, sched.where(),
                      "".join(f"; {x}" for x in extra), "" if ok else " (sampling did not finish)")
@@ -89,6 +90,17 @@ class ApplyConfig(ModeConfig):
         run = RunState(lambda: ResidualCache(None), tracker, self.owner, on_close=finish, may_skip=False)
         run.disabled = "its self-check failed"  # set, not run.disable(): its error line is for faults found now
         return run
+
+
+def windows_note(run: RunState, stats: CacheStats) -> str:
+    """What ComfyUI's context windows did to the run's skipping, for its log line ("" without windows)."""
+    if not run.windows:
+        return ""
+    note = f"{len(run.windows)} context windows, each with its own residual"
+    if stats.forced_calls:  # a schedule that moves its windows: a window new since the last computed step computes
+        note += (f"; {stats.forced_calls} window call(s) of skipped steps computed (their window did not run at the "
+                 "last computed step: a schedule that moves its windows; standard_static keeps them in place)")
+    return note
 
 
 def apply_config(model, policy: Policy, on_mismatch: str = "remap", cache_device: Optional[str] = None,

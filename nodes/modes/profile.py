@@ -19,7 +19,7 @@ from ...core.step_clock import StackClock, StepClock
 from ...core.verdicts import checks_of, with_check
 from .. import artifacts
 from ..artifacts import FOLDER_FIX, cant_write
-from ..patching.runtime import RunState, Variant
+from ..patching.runtime import RunState, Variant, Windowed
 from ..patching.steps import Schedule
 from . import verdicts
 from .base import ModeConfig, where_run
@@ -109,7 +109,14 @@ class ProfileConfig(ModeConfig):
             if shares:
                 recorder.meta["io_runs"] = [run_summary(shares)]
             _drop_partial_variants(recorder)
+            moved = _drop_partial_windows(recorder)
             prof = recorder.finish()
+            if prof.count == 0 and moved:
+                why = (f"no context window ran at every step (the schedule moves its {moved} windows from step to "
+                       "step)")
+                log.warning("GCache Profile: %s; nothing was added. Profile with the context windows' standard_static "
+                            "schedule (the same windows at every step), or without context windows.", why)
+                return not_added(why)
             if prof.count == 0:
                 log.warning("GCache Profile: no branch recorded every step; nothing was added.")
                 return not_added("no branch recorded every step")
@@ -172,6 +179,22 @@ def _drop_partial_variants(recorder: ProfileRecorder) -> None:
         log.info("GCache Profile: %d model call(s) per step with other block patches (%s) ran on some steps only; "
                  "they are not added to the profile (the plain calls are).", len(partial),
                  "; ".join(sorted({k.patches for k in partial})))
+
+
+def _drop_partial_windows(recorder: ProfileRecorder) -> int:
+    """A context window that ran on some steps only (a schedule that moves its windows: standard_uniform,
+    looped_uniform) is not a sample of the run: left out, said once, instead of the recorder's "missed steps
+    (interrupted run?)" per window. The windows that ran at every step are added, each a sample. Returns how many."""
+    def windowed(k):
+        return isinstance(k, Windowed) or (isinstance(k, Variant) and isinstance(k.base, Windowed))
+    partial = [k for k, b in recorder.branches.items() if windowed(k) and not all(b.recorded)]
+    for k in partial:
+        del recorder.branches[k]
+    if partial:
+        log.info("GCache Profile: %d context window(s) ran on some steps only (the schedule moves its windows from "
+                 "step to step); they are not added to the profile%s.", len(partial),
+                 " (the windows that ran at every step are)" if recorder.branches else "")
+    return len(partial)
 
 
 def profile_config(model, profile_path: str, history_device: Optional[str] = None, forecast: bool = False,

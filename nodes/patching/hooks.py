@@ -92,6 +92,7 @@ def _outer_sample(executor, *args, **kwargs):
                             a["sigmas"])
 
     run = config.start_run(guider.model_patcher, [float(s) for s in a["sigmas"].float().cpu()], sample_key)
+    run.context_handler = guider.model_options.get("context_handler") is not None  # ComfyUI's context windows
     patcher, ad = guider.model_patcher, config.adapter
     if ad.route != Route.FALLBACK:
         slots = block_slots(ad, patcher.get_model_object("diffusion_model"))

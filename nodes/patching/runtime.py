@@ -76,6 +76,34 @@ class Variant(NamedTuple):
     patches: str      # a stable signature of those patches (foreign.py)
 
 
+class Windowed(NamedTuple):
+    """The branch of a call ComfyUI's context windows make for one window (comfy/context_windows.py: it calls the
+    model once per window with the same conds, and names the window in transformer_options["context_window"]). Each
+    window sees other frames, so each caches on its own: its δ, its shape (the causal fix's anchor frame makes the
+    windows after the first one frame longer), its self-check replay and its profile history."""
+    base: Any         # the branch key the call would have without windows
+    frames: tuple     # the latent frames of the window, in order
+    anchor: Optional[int] = None  # the causal fix's extra frame fed before them (stripped from the output)
+
+
+def window_of(transformer_options: Optional[dict]) -> Optional[tuple]:
+    """(frames, anchor) of the context window this call runs, None for a call without context windows. Raises
+    GCacheError for a window that does not say its frames: its δ could not be told from another window's."""
+    window = (transformer_options or {}).get("context_window")
+    if window is None:
+        return None
+    frames = getattr(window, "index_list", None)
+    try:
+        frames = tuple(int(i) for i in frames)
+    except (TypeError, ValueError):
+        frames = ()
+    if not frames:
+        raise GCacheError(f"this run's context windows ({type(window).__name__}) do not say which frames each model "
+                          "call covers (no index_list), so GCache cannot keep each window's residual apart")
+    anchor = getattr(window, "causal_anchor_index", None)
+    return frames, int(anchor) if isinstance(anchor, int) and anchor >= 0 else None
+
+
 @dataclass
 class _Lane:
     """One device's model calls within a run: its cache and the call it is in."""
@@ -106,6 +134,9 @@ class RunState:
         self.replaced: list = []    # GCache's block forwards another node's object patch replaced (said at the start)
         self.alloc_context: Optional[Callable] = None  # where the caches make what they keep (memory_compiler.py)
         self.uncached: set = set()  # patch signatures of calls that left the stack unpaired: they compute
+        self.windows: set = set()   # the (frames, anchor) of the context windows the run's calls ran (Windowed)
+        self.context_handler = False  # the sampler's model_options carry ComfyUI's context windows (hooks.py sets it)
+        self._unnamed: set = set()  # (callbacks, sigma, branches) of calls under a context handler naming no window
         self.selfcheck = None       # a run that computes every step: its self-check of the skip path (selfcheck.py)
         self.off_for_call: Callable = contextlib.nullcontext  # around a call that skips in a run that may not
         #                                                       (the self-check's replay; memory_compiler.py)
@@ -145,13 +176,36 @@ class RunState:
             ln.entered = False
         step = self.tracker.step(sigma)
         ln.cache.set_step(step)
+        try:
+            window = window_of(transformer_options)
+        except GCacheError as e:
+            window = None
+            self.disable(str(e))
         with self._lock:  # the lanes share the cond names
             keys = branch_keys(transformer_options, self.names)
+            if window is not None:  # ComfyUI's context windows: one call per window, each a branch of its own
+                keys = [Windowed(k, *window) for k in keys]
+                self.windows.add(window)
+            elif self.context_handler and self.disabled is None:
+                self._check_unnamed(sigma, keys)
             ln.branches = [Variant(k, patches) for k in keys] if patches else keys
             self.calls += 1
         ln.compute, ln.patches, ln.in_slot = True, patches, None
         ln.through = patches in self.uncached
         return step
+
+    def _check_unnamed(self, sigma: float, keys: list) -> None:
+        """Context windows that do not name their window (a ComfyUI that stopped putting it in transformer_options)
+        call the model for the same conds more than once at one sigma: their windows would share one residual, and a
+        skipped step would hand every window the last one's. Caching stops at the second such call, on the first
+        step, before anything skips. Calls are told apart by the sampler's callbacks so far: Heun's correction at
+        σ_{i+1} comes before step i's callback, step i + 1's own call at that σ after it."""
+        call = (self.tracker.done, sigma, tuple(keys))
+        if call in self._unnamed:
+            self.disable("ComfyUI's context windows called the model twice for the same conds at one step without "
+                         "naming the window (transformer_options['context_window']), so GCache cannot keep each "
+                         "window's residual apart")
+        self._unnamed.add(call)
 
     def end_call(self) -> bool:
         """The model call of this thread returned. True when it must run again: it entered the stack through
