@@ -12,16 +12,15 @@ import logging
 import re
 
 import pytest
-
 from conftest import COMFY, REASON
 
 if not COMFY:
     pytest.skip(REASON, allow_module_level=True)
 
+import tiny_models as tm  # noqa: E402
 import torch  # noqa: E402
 
 import nodes as comfy_nodes  # noqa: E402
-import tiny_models as tm  # noqa: E402
 
 cw_nodes = pytest.importorskip("comfy_extras.nodes_context_windows",
                                reason="this ComfyUI has no context windows (comfy_extras/nodes_context_windows.py)")
@@ -30,7 +29,8 @@ from gcache.core.engine import ResidualCache  # noqa: E402
 from gcache.core.policy import Policy  # noqa: E402
 from gcache.core.profile import Profile  # noqa: E402
 from gcache.nodes.apply_node import GCacheApply  # noqa: E402
-from gcache.nodes.modes import apply as apply_mode, profile as profile_mode  # noqa: E402
+from gcache.nodes.modes import apply as apply_mode  # noqa: E402
+from gcache.nodes.modes import profile as profile_mode
 from gcache.nodes.patching import hooks  # noqa: E402
 
 N = 8
