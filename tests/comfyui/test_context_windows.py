@@ -30,7 +30,7 @@ from gcache.core.policy import Policy  # noqa: E402
 from gcache.core.profile import Profile  # noqa: E402
 from gcache.nodes.apply_node import GCacheApply  # noqa: E402
 from gcache.nodes.modes import apply as apply_mode  # noqa: E402
-from gcache.nodes.modes import profile as profile_mode
+from gcache.nodes.modes import profile as profile_mode  # noqa: E402
 from gcache.nodes.patching import hooks  # noqa: E402
 
 N = 8
