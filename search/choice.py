@@ -42,19 +42,19 @@ class Choice(NamedTuple):
 
 def choose(state: SearchState, rule: Rule = CHOICE) -> Choice:
     """The mask the search returns. `rule`: paired.CHOICE (others: for the benches)."""
-    masks, fin = state.masks, state.final
+    masks, finals = state.masks, state.all_finals()
     best = state.best(with_final=True)
     fallback = state.best(kinds=(START,))
     if best is None:
         return Choice(None, BEST, False)
     if fallback is None:  # no start mask measured yet
-        return Choice(best, ARGMIN_MU if best is fin else BEST, False)
+        return Choice(best, ARGMIN_MU if any(best is f for f in finals) else BEST, False)
     # a polish move that was not accepted failed the polish guard against its parent: never a candidate
-    pool = [e for e in state.history if not (e["kind"] == POLISH and not e.get("accepted"))] + ([fin] if fin else [])
+    pool = [e for e in state.history if not (e["kind"] == POLISH and not e.get("accepted"))] + finals
     better = sorted((e for e in pool if e["loss"] < fallback["loss"]), key=lambda e: (e["loss"], e.get("i", math.inf)))
     for e in better:
         verdict = rule.better(masks[e["mask"]], masks[fallback["mask"]], state.seed)
         if e["mask"] == fallback["mask"] or verdict is None or verdict:
-            how = ARGMIN_MU if e is fin else (BEST if e is best else BEYOND_NOISE)
+            how = ARGMIN_MU if any(e is f for f in finals) else (BEST if e is best else BEYOND_NOISE)
             return Choice(e, how, verdict is None and e["mask"] != fallback["mask"])
     return Choice(fallback, WITHIN_NOISE if better else BEST, False)

@@ -237,7 +237,7 @@ def finalists(state: SearchState, picked: str, names: Sequence[str], own: str) -
 def entry_of(state: SearchState, key: str) -> Mapping:
     """The history entry a measured key stands for: its own, or (a variant the forecaster check measured) the entry of
     the same mask under another forecaster, the lowest-loss one."""
-    entries = list(state.history) + ([state.final] if state.final else [])
+    entries = list(state.history) + state.all_finals()
     own = [e for e in entries if e["mask"] == key]
     if own:
         return own[0]

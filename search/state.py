@@ -21,6 +21,8 @@ forecaster check measures its chosen mask under the others (end_game.py), so a h
     gp           {"theta": the last fit's log-hyperparameters}, the next fit's warm start
     polish       the polish stage's climb: incumbent, roots, guard (polish.py; the guard's name: paired.SAVED_GUARDS)
     final, done  the argmin-μ mask measured at the end
+    finals       the argmin-μ entries of earlier ends, when a larger budget continued a finished search: candidates
+                 still (choice.py); absent until then
     pending      proposals dispatched and not back yet; a resumed search dispatches them again
     forecasters  the forecaster check (end_game.py): the candidate it checked and each other forecaster's loss on its
                  mask (also in "masks" under their keys); absent until it ran
@@ -171,6 +173,10 @@ def _check(state: dict) -> None:
             isinstance(state["final"], dict) and mask_ok(state["final"].get("mask"))
             and number(state["final"].get("loss")))):
         raise ValueError("bad final entry")
+    finals = state.get("finals", [])  # earlier finishes' argmin-μ entries (a larger budget continued the search)
+    if not (isinstance(finals, list) and all(isinstance(f, dict) and mask_ok(f.get("mask")) and number(f.get("loss"))
+                                             for f in finals)):
+        raise ValueError("bad earlier final entries")
     checked = state.get("forecasters")  # the forecaster check (end_game.py); absent before it ran
     if checked is not None and not (isinstance(checked, dict) and mask_ok(checked.get("mask"))
                                     and isinstance(checked.get("results"), dict)
@@ -350,8 +356,10 @@ class SearchState:
                                                                                 own_starts)):
             raise _another_search(path, _differences(data, config, prof_id, provenance, starts))
         data["config"]["budget"] = config.budget
-        if len(data["history"]) < config.budget:
-            data["done"], data["final"] = False, None  # a larger budget continues the search
+        if len(data["history"]) < config.budget:  # a larger budget continues the search
+            if data["final"] is not None:  # its argmin-μ mask stays a candidate (choice.py), as measured
+                data["finals"] = data.get("finals", []) + [data["final"]]
+            data["done"], data["final"] = False, None
         return cls(data, path)
 
     @classmethod
@@ -387,6 +395,12 @@ class SearchState:
     def final(self) -> Optional[Mapping]:
         """The argmin-μ mask measured at the end (None before)."""
         return self._view("final", lambda: self._data.get("final"))
+
+    @property
+    def finals(self) -> list:
+        """The argmin-μ entries of earlier finishes, oldest first: a finished search continued with a larger budget
+        keeps each as a candidate (state.final is the last finish's)."""
+        return self._view("finals", lambda: self._data.get("finals", []))
 
     @property
     def polish(self) -> PolishClimb:
@@ -447,13 +461,16 @@ class SearchState:
              ) -> Optional[Mapping]:
         """The best history entry: the lowest loss, ties to the earliest (a start mask is kept over a later entry that
         equals it). `upto`: among the first entries only; `kinds`: of these kinds only; `with_final`: the argmin-μ
-        entry measured at the end competes too (after every entry on a tie). None when there is none."""
+        entries measured at the ends compete too (after every entry on a tie). None when there is none."""
         hist = self.history[:upto] if upto is not None else self.history
         pool = [h for h in hist if kinds is None or h["kind"] in kinds]
-        fin = self.final
-        if with_final and fin is not None and (kinds is None or FINAL in kinds):
-            pool.append(fin)
+        if with_final and (kinds is None or FINAL in kinds):
+            pool += self.all_finals()
         return min(pool, key=lambda h: (h["loss"], h.get("i", math.inf)), default=None)
+
+    def all_finals(self) -> list:
+        """Every argmin-μ entry measured so far: the earlier finishes' (finals), then the last one (final)."""
+        return list(self.finals) + ([self.final] if self.final is not None else [])
 
     def proposed(self) -> int:
         """Proposals made so far: the finished ones and those still out."""
