@@ -2,10 +2,11 @@
 
     1. the candidate   choice.choose: the lowest loss the search measured, never worse than its best start mask
     2. the forecaster check (`check`)
-                       the candidate's mask under every other profile-fitted forecaster, judged on the search's seeds
+                       the candidate's mask under every other forecaster the search chooses among (`among`), judged
+                       on the search's seeds
     3. the final choice on fresh seeds (`final_choice`)
-                       the check's pick against each profile-fitted forecaster's best candidate, on seeds the search
-                       never judged a mask on
+                       the check's pick against each of those forecasters' best candidate, on seeds the search never
+                       judged a mask on
     4. the policy      result.build, from what `run` returns (EndGame)
 
 A candidate is a mask with the forecaster it is applied with (state.py key_of). What each step measured is kept in
@@ -16,11 +17,15 @@ migrated to this format when it was read (state.py migrated).
 The forecaster check. Why: which forecaster suits a mask depends on the mask. On the reference model
 (bench/quality.py, 2026-11-27) GCache's l2p forecaster on the profile-fitted search's mask scored above the search
 itself at K = 8 and 15 of 30 (+0.12 and +1.31 dB held-out), and the search had measured neither.
-- Who: when the search's forecaster is profile-fitted (needs_profile), every other registered forecaster that
-  forecasts and is profile-fitted, whose parameters this profile can fit (l2p needs the Gram statistics). A search
-  with a fixed rule (reuse, linear) keeps it: that is the rule the user asked for. The candidate may already be
-  another forecaster's (a start mask of l2p, or a GP mask after one won the start masks), so the search's own
-  forecaster is checked on it too.
+- Who (`chooses_among`, recorded in the state when the search starts): when the search's forecaster is
+  profile-fitted, every other registered forecaster, the fixed rules (reuse, linear, quadratic) included, whose
+  parameters this profile can fit (l2p needs the Gram statistics): the policy is the best the search can find, not
+  one under the forecaster it searched with (on the Wan-class model at K = 8, issue 49, linear on a mask beat fitted
+  on it by 12.6 dB). A search with a fixed rule keeps it: a search config can't tell a rule the user chose from the
+  default, and a fixed-rule search is the cheap one (no check, no fresh seeds). A state file made before the choice
+  was recorded chooses among the profile-fitted ones, as its search did. The candidate may already be another
+  forecaster's (a start mask of l2p, or a GP mask after one won the start masks), so the search's own forecaster is
+  checked on it too.
 - Cost: one evaluation per other forecaster after the budget, on the search's seeds.
 - Rule (paired.CHECK, measured by bench/forecaster_check.py): another forecaster takes over when it lowers the mean
   loss on both fixed halves of the seeds; without per-seed losses of 2+ seeds, when it lowers the mean loss. Of
@@ -33,8 +38,8 @@ there is the most flattered of them, and which forecaster suits a mask differs f
 model (bench/quality.py, K = 15 of 30, budget 64) the search's 16 seeds ranked its fitted pick 0.33 dB above l2p on
 auto's mask, while on each of four other seed sets (16 or 32 seeds) l2p on that mask was 0.31 to 0.98 dB better; no
 rule on the search's own seeds could see that.
-- Finalists (`finalists`): the check's pick, and for each profile-fitted forecaster the candidate of lowest loss the
-  search measured under it (its start masks, the GP's masks, the check's variants). Only a search with a
+- Finalists (`finalists`): the check's pick, and for each forecaster the search chooses among the candidate of lowest
+  loss the search measured under it (its start masks, the GP's masks, the check's variants). Only a search with a
   profile-fitted forecaster has more than one; a search with a fixed rule keeps its pick and samples nothing.
 - Seeds (`fresh_seeds`): as many as the search's, the next ones after its largest (GCache Search: seed + n … seed +
   2n − 1), each with its full-compute image. Cost: their full-compute runs and one evaluation per finalist.
@@ -57,7 +62,7 @@ from ..core.profile import Profile
 from .choice import FRESH, Choice, choose
 from .executor import Executor, evaluate_now
 from .paired import CHECK, FRESH as FRESH_RULE, Rule, paired_difference
-from .starts import can_fit, other_forecasters
+from .starts import can_fit, profile_fitted
 from .state import SearchState, forecaster_of, key_of, loss_of, mask_of, split_key
 
 log = logging.getLogger("gcache")
@@ -148,11 +153,22 @@ def run(state: SearchState, profile: Profile, forecast: str, executor: Executor,
 
 
 # ------------------------------------------------------------------------------------------------ the check
-def fitted_forecasters(profile: Profile, forecast: str) -> list[str]:
-    """The search's forecaster and the other profile-fitted ones this profile can fit, when the search's own is
-    profile-fitted (else none: a fixed rule is the user's choice)."""
-    own = forecasters.get(forecast)
-    return [own.name] + other_forecasters(own.name, can_fit(profile)) if own.needs_profile else []
+def chooses_among(forecast: str) -> list[str]:
+    """The forecasters a new search of `forecast` chooses among after its budget (module docstring): for a profile-
+    fitted one, its own and then every other registered forecaster, fixed rules included; for a fixed rule none (the
+    rule is kept). Recorded in the state when the search starts (SearchState.choices)."""
+    own = forecasters.get(forecast).name
+    return [own] + [n for n in forecasters.names() if n != own] if profile_fitted(own) else []
+
+
+def among(state: SearchState, profile: Profile, own: str) -> list[str]:
+    """The forecasters this search's end game chooses among (SearchState.choices; a file made before they were
+    recorded: the profile-fitted ones, as its search chose), its own first, less those whose parameters this profile
+    can't fit (l2p needs the Gram statistics)."""
+    names = state.choices if state.choices is not None else \
+        [own] + [n for n in forecasters.names() if n != own and profile_fitted(n)] if profile_fitted(own) else []
+    fits = can_fit(profile)
+    return [n for n in names if n == own or fits(n)]
 
 
 def pick(base: Mapping, results: Mapping, seed: int, rule: Optional[Rule] = CHECK) -> Optional[str]:
@@ -171,7 +187,7 @@ def check(state: SearchState, profile: Profile, own: str, candidate: Candidate, 
     measured (`why_not`, else: the evaluation can't apply another forecaster); what was measured before still
     counts."""
     bits = split_key(candidate.key)[0]
-    variants = {g: key_of(bits, None if g == own else g) for g in fitted_forecasters(profile, own)
+    variants = {g: key_of(bits, None if g == own else g) for g in among(state, profile, own)
                 if g != candidate.forecaster}
     todo = [(g, v) for g, v in variants.items() if v not in state.masks]
     skipped = None
@@ -251,7 +267,7 @@ def final_choice(state: SearchState, profile: Profile, own: str, picked: Candida
     finalists, each measured with `measure(mask, forecaster or None for the search's own)` unless measured before.
     None when the search has no such choice: a fixed rule, a state file made before it, or no other finalist.
     `measure` None: nothing new is measured (`why_not`); the pick stays."""
-    names = fitted_forecasters(profile, own)
+    names = among(state, profile, own)
     if state.fresh is None or not names:
         return None
     keys = finalists(state, picked.key, names, own)

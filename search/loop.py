@@ -117,7 +117,7 @@ class SearchLoop:
         self.progress, self.should_stop, self.skip_check = progress, should_stop, skip_check
         self.provenance = json.loads(json.dumps(dict(provenance or {}), default=str))
         self.state = SearchState.open(state_path, config, profile, self.provenance, [nm for nm, _, _ in starts],
-                                      [nm for nm, _, _ in own_starts])
+                                      [nm for nm, _, _ in own_starts], end_game.chooses_among(config.forecast))
         self.starts = starts if self.state.starts_names == [nm for nm, _, _ in starts] else own_starts
         config.validate(n, len(self.starts))
         self.grid_points = start_grid(config.degree + 1, config.s_min, config.s_max)

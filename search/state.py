@@ -26,6 +26,8 @@ forecaster check measures its chosen mask under the others (end_game.py), so a h
     pending      proposals dispatched and not back yet; a resumed search dispatches them again
     forecasters  the forecaster check (end_game.py): the candidate it checked and each other forecaster's loss on its
                  mask (also in "masks" under their keys); absent until it ran
+    choices      the forecasters the end game chooses among, the search's own first (end_game.chooses_among): kept
+                 from the search's start; absent in a file made before (it chose among the profile-fitted ones)
     fresh        the final choice on fresh seeds (end_game.py): {"masks": key -> its loss on the fresh seeds}; absent
                  in a file made before that choice (its search resumes without it)
 
@@ -42,7 +44,7 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -183,6 +185,9 @@ def _check(state: dict) -> None:
                                     and all(isinstance(k, str) and isinstance(r, dict) and number(r.get("loss"))
                                             for k, r in checked["results"].items())):
         raise ValueError("bad forecaster check entry")
+    choices = state.get("choices", [])  # the forecasters the end game chooses among; absent in older files
+    if not (isinstance(choices, list) and all(isinstance(n, str) for n in choices)):
+        raise ValueError("bad end-game forecasters ('choices')")
     fresh = state.get("fresh")  # the final choice on fresh seeds (end_game.py); absent in files made before it
     if fresh is not None and not (isinstance(fresh, dict) and isinstance(fresh.get("masks"), dict)
                                   and all(mask_ok(k) and isinstance(r, dict) and number(r.get("loss"))
@@ -337,19 +342,21 @@ class SearchState:
 
     @classmethod
     def open(cls, path: Optional[str], config: SearchConfig, profile: Profile, provenance: dict,
-             starts: list, own_starts: Optional[list] = None) -> "SearchState":
+             starts: list, own_starts: Optional[list] = None, choices: Sequence[str] = ()) -> "SearchState":
         """The state in `path` when it belongs to this search (a larger budget continues it), else a new one.
         `starts`: the names of the start masks; `own_starts`: those of the search's own forecaster only. A file made
         with its own forecaster's start masks only (one of version 3, made before searches measured the others, or
         one whose evaluation could not apply another forecaster) resumes with them: `starts_names` says which. A
-        state file of another search is refused and left untouched."""
+        state file of another search is refused and left untouched. `choices`: the forecasters the end game of a new
+        search chooses among (end_game.chooses_among); a file keeps those it was made with."""
         prof_id = profile_identity(profile)
         sid = search_id(config, prof_id, provenance, starts)
         if not (path and os.path.exists(path)):
             return cls({"format": STATE_FORMAT, "version": STATE_VERSION, "fingerprint": sid, "config": asdict(config),
                         "profile": prof_id, "provenance": provenance, "starts": list(starts), "history": [],
                         "masks": {}, "gp": {"theta": None}, "polish": {"incumbent": None, "roots": [], "guard": None},
-                        "final": None, "done": False, "pending": [], "fresh": {"masks": {}}}, path)
+                        "final": None, "done": False, "pending": [], "fresh": {"masks": {}},
+                        "choices": list(choices)}, path)
         data = migrated(load_state(path))
         if data["fingerprint"] != sid and not (own_starts is not None and data["starts"] == list(own_starts) and
                                                data["fingerprint"] == search_id(config, prof_id, provenance,
@@ -412,6 +419,12 @@ class SearchState:
         """The forecaster check (end_game.py): {"mask" (the candidate checked), "results": forecaster -> {"loss",
         "per_seed"?}}, or None before it ran."""
         return self._view("checked", lambda: self._data.get("forecasters"))
+
+    @property
+    def choices(self) -> Optional[list]:
+        """The forecasters the end game chooses among, the search's own first (end_game.chooses_among); None in a file
+        made before they were recorded (end_game.among: its search chose among the profile-fitted ones)."""
+        return self._view("choices", lambda: self._data.get("choices"))
 
     @property
     def fresh(self) -> Optional[Mapping]:

@@ -11,7 +11,7 @@ from gcache.core.policy import Policy
 from gcache.search import end_game, paired
 from gcache.search.loop import mask_key, run_search
 from gcache.search.config import SearchConfig
-from gcache.search.end_game import Candidate, fitted_forecasters, pick
+from gcache.search.end_game import Candidate, among, chooses_among, pick
 from gcache.search.state import load_state
 from test_forecaster_l2p import profile_of, trajectories
 
@@ -59,11 +59,19 @@ def test_pick_by_hand():
     assert pick({"loss": 1.0}, {"a": {"loss": 0.99}}, 0) == "a"  # no per-seed losses: the mean decides
 
 
-def test_candidates_are_the_other_profile_fitted_forecasters(prof):
-    assert fitted_forecasters(prof, "fitted") == ["fitted", "l2p"] and fitted_forecasters(prof, "l2p") == ["l2p", "fitted"]
-    assert fitted_forecasters(prof, "linear") == [] and fitted_forecasters(prof, "reuse") == []  # a fixed rule
+def test_a_search_chooses_among_every_forecaster_and_a_fixed_rule_is_kept(prof):
+    """A profile-fitted search's end game chooses among every registered forecaster (fixed rules included), its own
+    first; a fixed-rule search keeps its rule; one whose profile can't fit l2p leaves it out."""
+    from gcache.core import forecasters
+    assert chooses_among("fitted") == ["fitted", "reuse", "linear", "quadratic", "l2p"]
+    assert chooses_among("l2p") == ["l2p"] + [n for n in forecasters.names() if n != "l2p"]
+    assert chooses_among("linear") == [] and chooses_among("reuse") == []  # a fixed rule
+    st = _state({}, [])
+    st._data.update(choices=chooses_among("fitted"))
     samples, times = trajectories()
-    assert fitted_forecasters(profile_of(samples, times, forecast=False), "fitted") == ["fitted"]  # l2p can't fit
+    assert among(st, prof, "fitted") == chooses_among("fitted")
+    assert among(st, profile_of(samples, times, forecast=False), "fitted") == ["fitted", "reuse", "linear",
+                                                                             "quadratic"]  # l2p can't fit
 
 
 # ------------------------------------------------------------------------------------------------ in the search
@@ -147,7 +155,7 @@ def test_an_evaluation_that_cant_change_forecaster_says_so(prof, caplog):
         res = run_search(prof, SearchConfig(**CFG), lambda mask: ev(mask), provenance={"seeds": [1, 2]})
     assert res.policy.forecast == "fitted" and all(f is None for _, f in ev.calls)
     assert "and this one can't; the policy keeps fitted" in res.policy.provenance["forecast"]["check"]["skipped"]
-    assert "forecaster check (l2p on the chosen mask)" in caplog.text
+    assert "forecaster check (l2p, linear, quadratic, reuse on the chosen mask)" in caplog.text
 
 
 def test_a_search_told_to_skip_the_check_says_why(prof):
@@ -197,3 +205,38 @@ def test_a_search_made_without_the_other_forecasters_resumes_as_it_was_searched(
     assert on_disk["starts"] == starts and len(on_disk["history"]) == CFG["budget"] + 4
     assert not any(h["kind"] == "instant" and "@" in h["mask"] for h in on_disk["history"])
     assert any(f == "l2p" for _, f in again.calls) and res.policy.provenance["forecast"]["check"]["l2p"]
+
+
+class RuleEvaluator:
+    """tests/search_fixture.py's evaluator (4 seeds, able to sample fresh seeds: the same losses there) with one fixed
+    rule `better` at `factor` times the loss on every mask."""
+
+    can_apply_forecaster = can_sample_fresh = True
+
+    def __init__(self, better, factor=0.7):
+        import search_fixture as fx
+        self.inner, self.better, self.factor = fx.Evaluator(), better, factor
+
+    def __call__(self, mask, forecast=None, fresh=False):
+        losses = self.inner(mask, forecast)
+        return [v * self.factor for v in losses] if forecast == self.better else losses
+
+
+@pytest.mark.parametrize("better", ["reuse", "linear"])
+def test_a_fixed_rule_better_on_the_chosen_mask_becomes_the_policy(better):
+    """The search on the fixture (fitted, its start masks those of fitted and l2p) never measures a fixed rule until
+    its end game; with `better` at 0.7 times the loss on every mask, the check measures the chosen mask under it, it
+    wins on both halves of the seeds and on the fresh seeds, and the policy applies it. Oracle: the evaluator."""
+    import search_fixture as fx
+    from gcache.core.profile import Profile
+    prof = Profile.load(fx.PROFILE)
+    ev = RuleEvaluator(better)
+    res = run_search(prof, SearchConfig(**dict(fx.CONFIG, budget=26)), ev, provenance=fx.PROVENANCE)
+    pol = res.policy
+    assert not any(h["mask"].endswith("@" + better) for h in res.history)  # the search itself never applied it
+    searched = res.end.check.checked
+    assert pol.forecast == better and pol.mask == [int(c) for c in searched.key.split("@")[0]]
+    assert pol.provenance["forecast"]["chosen_by"] == "forecaster check"
+    base = fx.Evaluator()(pol.mask, None if searched.forecaster == "fitted" else searched.forecaster)
+    assert pol.metrics["loss"] == pytest.approx(0.7 * sum(base) / 4)
+    assert res.end.fresh is not None and res.end.final.key == res.end.check.pick.key  # the fresh seeds agree

@@ -126,7 +126,8 @@ def test_a_search_whose_fresh_seeds_disagree_returns_the_fresh_winner(prof, tmp_
     l2p_best = min((m for m, f in searched if f == "l2p"), key=lambda m: Evaluator.base([int(c) for c in m]))
     fitted_losses = {m: Evaluator.base([int(c) for c in m]) for m, f in searched if f is None}
     pick = min(fitted_losses, key=fitted_losses.get)  # fitted's lowest loss beats every l2p one by 1.3×
-    assert fresh_calls == [(pick, None), (l2p_best, "l2p")]
+    fixed = [(pick, name) for name in ("reuse", "linear", "quadratic")]  # the fixed rules' only masks: the check's
+    assert fresh_calls == [(pick, None)] + fixed + [(l2p_best, "l2p")]
     pol = res.policy
     assert pol.forecast == "l2p" and "".join(map(str, pol.mask)) == l2p_best
     assert pol.provenance["forecast"]["chosen_by"] == "fresh seeds"
@@ -135,7 +136,7 @@ def test_a_search_whose_fresh_seeds_disagree_returns_the_fresh_winner(prof, tmp_
     assert fresh["losses"][l2p_best + "@l2p"] == pytest.approx(0.5 * 1.05 * Evaluator.base(pol.mask))
     assert pol.metrics["fresh_loss"] == fresh["losses"][l2p_best + "@l2p"]
     assert pol.metrics["loss"] == pytest.approx(1.3 * 1.05 * Evaluator.base(pol.mask))  # its search-seed loss
-    assert set(load_state(path)["fresh"]["masks"]) == {pick, l2p_best + "@l2p"}
+    assert set(load_state(path)["fresh"]["masks"]) == {pick, l2p_best + "@l2p"} | {f"{m}@{n}" for m, n in fixed}
     again = Evaluator({"l2p": 1.3}, {"l2p": 0.5})  # resumed on the finished state: nothing sampled again
     res2 = run_search(prof, SearchConfig(**CFG), again, state_path=path, provenance={"seeds": [1, 2]})
     assert again.calls == [] and res2.policy.to_dict() == pol.to_dict()
@@ -145,7 +146,7 @@ def test_agreeing_fresh_seeds_keep_the_pick(prof):
     ev = Evaluator({"l2p": 1.3}, {"l2p": 1.3})
     pol = run_search(prof, SearchConfig(**CFG), ev, provenance={"seeds": [1, 2]}).policy
     assert pol.forecast == "fitted" and pol.provenance["fresh_seeds"]["replaced"] is False
-    assert sum(fresh for _, _, fresh in ev.calls) == 2
+    assert sum(fresh for _, _, fresh in ev.calls) == 5  # the pick, each fixed rule on its mask, l2p's best
 
 
 def test_an_evaluation_that_cant_sample_fresh_seeds_says_so(prof, caplog):
@@ -157,7 +158,7 @@ def test_an_evaluation_that_cant_sample_fresh_seeds_says_so(prof, caplog):
     with caplog.at_level(logging.INFO, logger="gcache"):
         pol = run_search(prof, SearchConfig(**CFG), plain, provenance={"seeds": [1, 2]}).policy
     assert pol.forecast == "fitted" and not any(fresh for _, _, fresh in ev.calls)
-    assert "final choice on fresh seeds (2 finalists) did not run" in caplog.text
+    assert "final choice on fresh seeds (5 finalists) did not run" in caplog.text
     assert "can_sample_fresh" in pol.provenance["fresh_seeds"]["skipped"]
 
 
