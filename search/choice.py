@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from typing import NamedTuple, Optional
 
 from .paired import CHOICE, Rule
-from .state import POLISH, START, SearchState
+from .state import POLISH, START, Measured, SearchState
 
 # How the chosen entry was chosen (the policy's provenance "chosen")
 BEST, ARGMIN_MU, BEYOND_NOISE, WITHIN_NOISE = "best_evaluated", "argmin_mu", "beyond_noise", "instant_within_noise"
@@ -34,10 +34,11 @@ FRESH = "fresh_seeds"  # another forecaster's best candidate won on the fresh se
 
 
 class Choice(NamedTuple):
-    entry: Optional[Mapping]  # a history entry or the final argmin-μ one (None: nothing measured)
+    entry: Optional[Mapping]  # a history entry or an end's argmin-μ one (None: nothing measured)
     how: str                  # BEST | ARGMIN_MU | BEYOND_NOISE (believable, not the lowest loss) | WITHIN_NOISE (the
     #                           fallback: the lower-loss searched masks were not believable)
     unchecked: bool           # a searched mask won without a check against the seed noise (no per-seed losses)
+    measured: Optional[Measured] = None  # the entry's measured candidate (state.py): what the end game carries
 
 
 def choose(state: SearchState, rule: Rule = CHOICE) -> Choice:
@@ -48,7 +49,7 @@ def choose(state: SearchState, rule: Rule = CHOICE) -> Choice:
     if best is None:
         return Choice(None, BEST, False)
     if fallback is None:  # no start mask measured yet
-        return Choice(best, ARGMIN_MU if any(best is f for f in finals) else BEST, False)
+        return Choice(best, ARGMIN_MU if any(best is f for f in finals) else BEST, False, state.measured(best["mask"]))
     # a polish move that was not accepted failed the polish guard against its parent: never a candidate
     pool = [e for e in state.history if not (e["kind"] == POLISH and not e.get("accepted"))] + finals
     better = sorted((e for e in pool if e["loss"] < fallback["loss"]), key=lambda e: (e["loss"], e.get("i", math.inf)))
@@ -56,5 +57,5 @@ def choose(state: SearchState, rule: Rule = CHOICE) -> Choice:
         verdict = rule.better(masks[e["mask"]], masks[fallback["mask"]], state.seed)
         if e["mask"] == fallback["mask"] or verdict is None or verdict:
             how = ARGMIN_MU if any(e is f for f in finals) else (BEST if e is best else BEYOND_NOISE)
-            return Choice(e, how, verdict is None and e["mask"] != fallback["mask"])
-    return Choice(fallback, WITHIN_NOISE if better else BEST, False)
+            return Choice(e, how, verdict is None and e["mask"] != fallback["mask"], state.measured(e["mask"]))
+    return Choice(fallback, WITHIN_NOISE if better else BEST, False, state.measured(fallback["mask"]))

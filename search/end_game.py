@@ -9,10 +9,12 @@
                        judged a mask on
     4. the policy      result.build, from what `run` returns (EndGame)
 
-A candidate is a mask with the forecaster it is applied with (state.py key_of). What each step measured is kept in
-the state file through SearchState's methods (the check's measurements among the measured candidates, under their
-keys; the fresh seeds' losses in "fresh"), so a resumed search measures nothing twice. A state file of version 3 was
-migrated to this format when it was read (state.py migrated).
+A candidate (Candidate) is a measured mask with the forecaster it is applied with (keys.py), carrying its measurement
+(state.py Measured: its loss, per-seed losses and how it was measured) and what found its mask (the policy's "s" and
+"won"), so no step looks anything up by key. What each step measured is kept in the state file through SearchState's
+methods (the check's measurements among the measured candidates, kind "check"; the fresh seeds' losses in "fresh"),
+so a resumed search measures nothing twice. A state file of an older version was migrated to this format when it was
+read (state_file.py migrated).
 
 The forecaster check. Why: which forecaster suits a mask depends on the mask. On the reference model
 (bench/quality.py, 2026-11-27) GCache's l2p forecaster on the profile-fitted search's mask scored above the search
@@ -45,7 +47,7 @@ rule on the search's own seeds could see that.
   2n − 1), each with its full-compute image. Cost: their full-compute runs and one evaluation per finalist.
 - Rule (paired.FRESH): a finalist replaces the pick when its paired gain over it on the fresh seeds is beyond FRESH_Z
   standard errors (without per-seed losses of 2+ seeds: a lower mean loss); of several, the lowest fresh loss.
-- A state file made before this choice has no "fresh" entry and resumes without it, as it was searched. An evaluation
+- A state file made before this choice resumes without it, as it was searched ("fresh": "chooses" false). An evaluation
   that can't sample fresh seeds (executor.py, can_sample_fresh: Ray actors, ComfyUI workers, a plain function) keeps
   the pick, and the log says why.
 """
@@ -55,15 +57,16 @@ import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Union
 
 from ..core import forecasters
 from ..core.profile import Profile
 from .choice import FRESH, Choice, choose
 from .executor import Executor, evaluate_now
+from .keys import CHECK as CHECKED, key_of
 from .paired import CHECK, FRESH as FRESH_RULE, Rule, paired_difference
 from .starts import can_fit, profile_fitted
-from .state import SearchState, forecaster_of, key_of, loss_of, mask_of, split_key
+from .state import Measured, SearchState, loss_of
 
 log = logging.getLogger("gcache")
 
@@ -76,18 +79,37 @@ Measure = Callable[[list, Optional[str]], Any]  # measure(mask, forecaster name 
 
 @dataclass(frozen=True)
 class Candidate:
-    """A measured candidate: its key (a mask with its forecaster), the history entry it stands for (its own, or the
-    entry of the candidate whose mask it shares), and the forecaster it applies."""
-    key: str
-    entry: Mapping
+    """A measured candidate: its measurement (Measured: the key, the loss and per-seed losses on the search seeds,
+    how it was measured), the forecaster it applies, and what found its mask (`s`, `method`: the policy's provenance
+    "s" and "won"; a check's variant keeps those of the candidate it checked)."""
+    measured: Measured
     forecaster: str
+    s: Optional[tuple]
+    method: str
+
+    @classmethod
+    def of(cls, measured: Measured, own: str) -> "Candidate":
+        """The candidate a measurement stands for (its own `s` and method; a check's are the checked candidate's)."""
+        return cls(measured, measured.forecaster(own), measured.s, measured.method)
+
+    @property
+    def key(self) -> str:
+        return self.measured.key
+
+    @property
+    def mask(self) -> list:
+        return self.measured.mask
+
+    @property
+    def loss(self) -> float:
+        return self.measured.loss
 
 
 @dataclass(frozen=True)
 class CheckOutcome:
     """What the forecaster check found: the candidate it checked, what it measured of that candidate's mask under the
-    other forecasters (forecaster -> {"loss", "per_seed"?}), its pick (the checked candidate, or its mask under the
-    forecaster that won) and why it did not run (None: it ran, or there was nothing to check)."""
+    other forecasters (forecaster -> Measured), its pick (the checked candidate, or its mask under the forecaster
+    that won) and why it did not run (None: it ran, or there was nothing to check)."""
     checked: Candidate
     results: Mapping
     pick: Candidate
@@ -96,12 +118,12 @@ class CheckOutcome:
 
 @dataclass(frozen=True)
 class FreshOutcome:
-    """The final choice on fresh seeds: the finalists (the check's pick first), the fresh loss of each one measured,
-    how many fresh seeds, the winner's key, and why it did not run (None: it ran)."""
+    """The final choice on fresh seeds: the finalists (Candidates, the check's pick first), the fresh loss of each one
+    measured (key -> loss), how many fresh seeds, the winner and why it did not run (None: it ran)."""
     finalists: tuple
     losses: Mapping
     seeds: Optional[int]
-    winner: str
+    winner: Candidate
     skipped: Optional[str]
 
     def provenance(self) -> dict:
@@ -135,7 +157,7 @@ def run(state: SearchState, profile: Profile, forecast: str, executor: Executor,
     can make them; `skip_check`: why neither the check nor the fresh seeds can run now (said in the log and policy)."""
     own = forecasters.get(forecast).name
     choice = choose(state)
-    candidate = Candidate(choice.entry["mask"], choice.entry, forecaster_of(choice.entry["mask"], own))
+    candidate = Candidate.of(choice.measured, own)
     measure = None
     if not skip_check and executor.can_apply_forecaster:
         def measure(mask: list, name: Optional[str]) -> Any:
@@ -147,9 +169,7 @@ def run(state: SearchState, profile: Profile, forecast: str, executor: Executor,
             return evaluate_now(executor, mask, forecast=name, fresh=True)
     fresh = final_choice(state, profile, own, checked.pick, measure_fresh,
                          skip_check or (None if executor.can_sample_fresh else CANT_SAMPLE))
-    final = checked.pick if fresh is None or fresh.winner == checked.pick.key else \
-        Candidate(fresh.winner, entry_of(state, fresh.winner), forecaster_of(fresh.winner, own))
-    return EndGame(choice, checked, fresh, final)
+    return EndGame(choice, checked, fresh, checked.pick if fresh is None else fresh.winner)
 
 
 # ------------------------------------------------------------------------------------------------ the check
@@ -162,34 +182,37 @@ def chooses_among(forecast: str) -> list[str]:
 
 
 def among(state: SearchState, profile: Profile, own: str) -> list[str]:
-    """The forecasters this search's end game chooses among (SearchState.choices; a file made before they were
-    recorded: the profile-fitted ones, as its search chose), its own first, less those whose parameters this profile
-    can't fit (l2p needs the Gram statistics)."""
-    names = state.choices if state.choices is not None else \
-        [own] + [n for n in forecasters.names() if n != own and profile_fitted(n)] if profile_fitted(own) else []
+    """The forecasters this search's end game chooses among (SearchState.choices), its own first, less those whose
+    parameters this profile can't fit (l2p needs the Gram statistics)."""
     fits = can_fit(profile)
-    return [n for n in names if n == own or fits(n)]
+    return [n for n in state.choices if n == own or fits(n)]
 
 
-def pick(base: Mapping, results: Mapping, seed: int, rule: Optional[Rule] = CHECK) -> Optional[str]:
-    """The forecaster that takes over a candidate (None: none does). `base`, results[name]: {"loss", "per_seed"} on
-    the same mask; `seed`: the search seed (the halves' split); `rule`: paired.CHECK (None: never; others: for the
-    bench that measured it)."""
-    better = [(r["loss"], name) for name, r in sorted(results.items())
-              if rule is not None and r["loss"] < base["loss"] and rule.decide(r, base, seed)]
+def _losses(m: Union[Measured, Mapping]) -> Mapping:
+    return m.losses() if isinstance(m, Measured) else m
+
+
+def pick(base: Union[Measured, Mapping], results: Mapping, seed: int, rule: Optional[Rule] = CHECK
+         ) -> Optional[str]:
+    """The forecaster that takes over a candidate (None: none does). `base`, results[name]: Measured (or {"loss",
+    "per_seed"}) on the same mask; `seed`: the search seed (the halves' split); `rule`: paired.CHECK (None: never;
+    others: for the bench that measured it)."""
+    b = _losses(base)
+    better = [(r["loss"], name) for name, r in sorted((n, _losses(m)) for n, m in results.items())
+              if rule is not None and r["loss"] < b["loss"] and rule.decide(r, b, seed)]
     return min(better)[1] if better else None
 
 
 def check(state: SearchState, profile: Profile, own: str, candidate: Candidate, measure: Optional[Measure],
           why_not: Optional[str] = None) -> CheckOutcome:
-    """The forecaster check of `candidate` (module docstring): its mask under every other profile-fitted forecaster
-    not measured yet, with `measure(mask, forecaster or None for the search's own)`. `measure` None: nothing is
-    measured (`why_not`, else: the evaluation can't apply another forecaster); what was measured before still
-    counts."""
-    bits = split_key(candidate.key)[0]
+    """The forecaster check of `candidate` (module docstring): its mask under every other forecaster of `among` not
+    measured yet, with `measure(mask, forecaster or None for the search's own)`. `measure` None: nothing is measured
+    (`why_not`, else: the evaluation can't apply another forecaster); what was measured before still counts."""
+    bits = candidate.measured.bits
     variants = {g: key_of(bits, None if g == own else g) for g in among(state, profile, own)
                 if g != candidate.forecaster}
-    todo = [(g, v) for g, v in variants.items() if v not in state.masks]
+    measured = {m.key: m for m in state.all_measured() if m.bits == bits}
+    todo = [(g, v) for g, v in variants.items() if v not in measured]
     skipped = None
     if todo and measure is None:
         skipped = (f"the forecaster check ({', '.join(sorted(g for g, _ in todo))} on the chosen mask) did not run: "
@@ -197,35 +220,36 @@ def check(state: SearchState, profile: Profile, own: str, candidate: Candidate, 
         log.info("GCache Search: %s.", skipped)
         todo = []
     for g, v in todo:
-        raw = measure(mask_of(v), None if g == own else g)
+        raw = measure(candidate.mask, None if g == own else g)
         if not math.isfinite(loss_of(raw)[0]):
             log.warning("GCache Search: the forecaster check of %s returned no finite loss; it is left out.", g)
             continue
-        state.measure(v, raw, 0.0, first=len(state.history))
+        measured[v] = state.measure(v, raw, 0.0, first=len(state.history), how={
+            "kind": CHECKED, "s": None if candidate.s is None else list(candidate.s), "method": candidate.method,
+            "of": candidate.key})
         state.save()
-    results = {g: state.masks[v] for g, v in variants.items() if v in state.masks}
-    if state.record_check(candidate.key, results):
-        state.save()
-    base = state.masks[candidate.key]
+    results = {g: measured[v] for g, v in variants.items() if v in measured}
+    base = candidate.measured
     winner = pick(base, results, state.seed) if results else None
     if results:
         log.info("GCache Search: forecaster check on the chosen mask: %s; %s.", ", ".join(
-            f"{g} loss {r['loss']:.5g}" for g, r in results.items()) + f" ({candidate.forecaster}: {base['loss']:.5g})",
+            f"{g} loss {r.loss:.5g}" for g, r in results.items()) + f" ({candidate.forecaster}: {base.loss:.5g})",
             f"{winner} replaces {candidate.forecaster} (lower "
-            f"{'on both halves of the seeds' if base.get('per_seed') else 'loss'})" if winner else
+            f"{'on both halves of the seeds' if base.per_seed else 'loss'})" if winner else
             f"{candidate.forecaster} stays")
-    chosen = candidate if winner is None else Candidate(variants[winner], candidate.entry, winner)
+    chosen = candidate if winner is None else Candidate(results[winner], winner, candidate.s, candidate.method)
     return CheckOutcome(candidate, results, chosen, skipped)
 
 
-def check_provenance(outcome: CheckOutcome, state: SearchState) -> dict:
+def check_provenance(outcome: CheckOutcome) -> dict:
     """What the policy's provenance records of the check (its "forecast" entry's "check"), {} when nothing ran."""
     if not (outcome.results or outcome.skipped):
         return {}
-    base = state.masks[outcome.checked.key]
-    return {"searched_with": outcome.checked.forecaster, "loss": base["loss"],
+    base = outcome.checked.measured
+    return {"searched_with": outcome.checked.forecaster, "loss": base.loss,
             **({"skipped": outcome.skipped} if outcome.skipped else {}),
-            **{g: {"loss": r["loss"], "minus_searched": paired_difference(r.get("per_seed"), base.get("per_seed"))}
+            **{g: {"loss": r.loss, "minus_searched": paired_difference(r.losses().get("per_seed"),
+                                                                       base.losses().get("per_seed"))}
                for g, r in outcome.results.items()}}
 
 
@@ -237,28 +261,17 @@ def fresh_seeds(seeds: Sequence[int]) -> list[int]:
     return list(range(top + 1, top + 1 + len(seeds)))
 
 
-def finalists(state: SearchState, picked: str, names: Sequence[str], own: str) -> list[str]:
-    """`picked` (the key the check returns), then each forecaster of `names`' lowest-loss measured key (module
-    docstring), each key once."""
-    keys = [picked]
+def finalists(state: SearchState, picked: Candidate, names: Sequence[str], own: str) -> list[Candidate]:
+    """`picked` (the check's pick), then for each forecaster of `names` the candidate of lowest loss measured under it
+    (module docstring; the first measured of equal losses), each key once."""
+    out, keys = [picked], {picked.key}
+    ranked = sorted(state.all_measured(), key=lambda m: (m.loss, m.first))  # sorted() keeps the measuring order
     for name in names:
-        mine = [k for k in state.masks if forecaster_of(k, own) == name]
-        if mine:
-            best = min(mine, key=lambda k: state.masks[k]["loss"])  # the first measured of equal losses
-            if best not in keys:
-                keys.append(best)
-    return keys
-
-
-def entry_of(state: SearchState, key: str) -> Mapping:
-    """The history entry a measured key stands for: its own, or (a variant the forecaster check measured) the entry of
-    the same mask under another forecaster, the lowest-loss one."""
-    entries = list(state.history) + state.all_finals()
-    own = [e for e in entries if e["mask"] == key]
-    if own:
-        return own[0]
-    bits = split_key(key)[0]
-    return min((e for e in entries if split_key(e["mask"])[0] == bits), key=lambda e: state.masks[e["mask"]]["loss"])
+        best = next((m for m in ranked if m.forecaster(own) == name), None)
+        if best is not None and best.key not in keys:
+            out.append(Candidate.of(best, own))
+            keys.add(best.key)
+    return out
 
 
 def final_choice(state: SearchState, profile: Profile, own: str, picked: Candidate, measure: Optional[Measure],
@@ -268,12 +281,12 @@ def final_choice(state: SearchState, profile: Profile, own: str, picked: Candida
     None when the search has no such choice: a fixed rule, a state file made before it, or no other finalist.
     `measure` None: nothing new is measured (`why_not`); the pick stays."""
     names = among(state, profile, own)
-    if state.fresh is None or not names:
+    if not state.chooses_on_fresh_seeds or not names:
         return None
-    keys = finalists(state, picked.key, names, own)
-    if len(keys) < 2:
+    candidates = finalists(state, picked, names, own)
+    if len(candidates) < 2:
         return None
-    return on_fresh_seeds(state, keys, measure, own, why_not)
+    return on_fresh_seeds(state, candidates, measure, own, why_not)
 
 
 def fresh_winner(fresh: Mapping, keys: Sequence[str], seed: int, rule: Optional[Rule] = FRESH_RULE) -> str:
@@ -284,35 +297,36 @@ def fresh_winner(fresh: Mapping, keys: Sequence[str], seed: int, rule: Optional[
     return min(better, key=lambda k: (fresh[k]["loss"], list(keys).index(k))) if better else keys[0]
 
 
-def on_fresh_seeds(state: SearchState, keys: Sequence[str], measure: Optional[Measure], own: str,
+def on_fresh_seeds(state: SearchState, candidates: Sequence[Candidate], measure: Optional[Measure], own: str,
                    why_not: Optional[str] = None) -> FreshOutcome:
-    """Finalists `keys` (the pick first) measured on the fresh seeds unless measured before, and the winner by
+    """Finalists `candidates` (the pick first) measured on the fresh seeds unless measured before, and the winner by
     paired.FRESH (module docstring)."""
-    keys = list(keys)
-    todo = [k for k in keys if k not in state.fresh]
+    candidates = tuple(candidates)
+    pick_ = candidates[0]
+    todo = [c for c in candidates if c.key not in state.fresh]
     if todo and measure is None:
-        skipped = (f"the final choice on fresh seeds ({len(keys)} finalists) did not run: {why_not or CANT_SAMPLE}; "
-                   "the search's pick stays")
+        skipped = (f"the final choice on fresh seeds ({len(candidates)} finalists) did not run: "
+                   f"{why_not or CANT_SAMPLE}; the search's pick stays")
         log.info("GCache Search: %s.", skipped)
-        return FreshOutcome(tuple(keys), {}, None, keys[0], skipped)
-    for key in todo:
-        bits, fc = split_key(key)
-        loss, per_seed = loss_of(measure(mask_of(bits), fc))
+        return FreshOutcome(candidates, {}, None, pick_, skipped)
+    for c in todo:
+        loss, per_seed = loss_of(measure(c.mask, None if c.forecaster == own else c.forecaster))
         if not math.isfinite(loss):
-            log.warning("GCache Search: %s on the fresh seeds returned no finite loss; it is left out.", key)
+            log.warning("GCache Search: %s on the fresh seeds returned no finite loss; it is left out.", c.key)
             continue
-        state.measure_fresh(key, loss, per_seed)
+        state.measure_fresh(c.key, loss, per_seed)
         state.save()
     fresh = state.fresh
-    measured = [k for k in keys if k in fresh]
-    if keys[0] not in fresh:  # the pick has no fresh loss to compare with: it stays
-        return FreshOutcome(tuple(keys), {}, None, keys[0], None)
-    seeds = len(fresh[keys[0]].get("per_seed") or ()) or None
-    winner = fresh_winner(fresh, keys, state.seed)
+    measured = [c for c in candidates if c.key in fresh]
+    if pick_.key not in fresh:  # the pick has no fresh loss to compare with: it stays
+        return FreshOutcome(candidates, {}, None, pick_, None)
+    seeds = len(fresh[pick_.key].get("per_seed") or ()) or None
+    won = fresh_winner(fresh, [c.key for c in candidates], state.seed)
+    winner = next(c for c in candidates if c.key == won)
     log.info("GCache Search: final choice on %s: %s; %s.", f"{seeds} fresh seeds" if seeds else "the fresh seeds",
-             ", ".join(f"{forecaster_of(k, own)} {'(the pick) ' if k == keys[0] else ''}loss {fresh[k]['loss']:.5g} "
-                       f"(search seeds {state.masks[k]['loss']:.5g})" for k in measured),
-             "the pick stays" if winner == keys[0] else
-             f"{forecaster_of(winner, own)} on another mask replaces it" if split_key(winner)[0] !=
-             split_key(keys[0])[0] else f"{forecaster_of(winner, own)} replaces it on the same mask")
-    return FreshOutcome(tuple(keys), {k: fresh[k]["loss"] for k in measured}, seeds, winner, None)
+             ", ".join(f"{c.forecaster} {'(the pick) ' if c is pick_ else ''}loss {fresh[c.key]['loss']:.5g} "
+                       f"(search seeds {c.loss:.5g})" for c in measured),
+             "the pick stays" if winner is pick_ else
+             f"{winner.forecaster} on another mask replaces it" if winner.measured.bits != pick_.measured.bits else
+             f"{winner.forecaster} replaces it on the same mask")
+    return FreshOutcome(candidates, {c.key: fresh[c.key]["loss"] for c in measured}, seeds, winner, None)

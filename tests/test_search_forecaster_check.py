@@ -91,8 +91,9 @@ def test_a_forecaster_better_on_every_mask_wins_the_start_masks_and_the_search(p
     assert check["chosen_by"] == "search" and check["check"]["searched_with"] == "l2p"
     assert check["check"]["fitted"]["minus_searched"]["mean"] == pytest.approx(fitted["loss"] - pol.metrics["loss"])
     on_disk = load_state(path)
-    assert on_disk["version"] == 4 and on_disk["forecasters"]["mask"] == key
-    assert on_disk["forecasters"]["results"]["fitted"]["per_seed"] == pytest.approx(fitted["per_seed"])
+    checks = [m for m in on_disk["masks"].values() if m["kind"] == "check"]  # the check, kept once: among the masks
+    assert on_disk["version"] == 5 and "forecasters" not in on_disk and checks and all(m["of"] == key for m in checks)
+    assert on_disk["masks"][mask_key(pol.mask)]["per_seed"] == pytest.approx(fitted["per_seed"])
     # a search run again on its finished state measures nothing and gives the same policy
     again = Evaluator({"l2p": 0.5})
     res2 = run_search(prof, SearchConfig(**CFG), again, state_path=path, provenance={"seeds": [1, 2]})
@@ -100,12 +101,15 @@ def test_a_forecaster_better_on_every_mask_wins_the_start_masks_and_the_search(p
 
 
 def _state(masks: dict, history: list):
-    """An in-memory version-4 search state holding `masks` (key -> per-seed losses) and `history` (kind, key)."""
-    from gcache.search.state import SearchState
-    data = {"format": "gcache.search_state", "version": 4, "fingerprint": "t", "config": {"seed": 0},
-            "profile": {}, "provenance": {}, "starts": [], "history": [], "masks": {}, "gp": {"theta": None},
-            "polish": {"incumbent": None, "roots": [], "guard": None}, "final": None, "done": True, "pending": []}
-    st = SearchState(data, None)
+    """An in-memory search state of a fitted search holding `masks` (key -> per-seed losses) and `history` (kind,
+    key): an empty one of version 4 migrated as a file is read (its end game chooses among the profile-fitted
+    forecasters), then filled."""
+    from gcache.search.state import SearchState, migrated
+    data = {"format": "gcache.search_state", "version": 4, "fingerprint": "t",
+            "config": {"seed": 0, "forecast": "fitted"}, "profile": {}, "provenance": {}, "starts": [], "history": [],
+            "masks": {}, "gp": {"theta": None}, "polish": {"incumbent": None, "roots": [], "guard": None},
+            "final": None, "done": True, "pending": []}
+    st = SearchState(migrated(data), None)
     for key, per_seed in masks.items():
         st.measure(key, per_seed, 0.0, first=0)
     for kind, key in history:
@@ -130,11 +134,12 @@ def test_the_check_of_the_chosen_candidate_by_hand(prof):
         def measure(mask, name):
             calls.append(("".join(map(str, mask)), name))
             return l2p
-        candidate = Candidate(a, choice.entry, "fitted")
+        candidate = Candidate.of(choice.measured, "fitted")
         out = end_game.check(st, prof, "fitted", candidate, measure)
         assert calls == [(a, "l2p")] and out.checked == candidate and out.skipped is None
-        assert out.results["l2p"]["loss"] == pytest.approx(sum(l2p) / 4) and st.checked["mask"] == a
-        assert out.pick == (Candidate(a + "@l2p", choice.entry, "l2p") if wins else candidate)
+        assert out.results["l2p"].loss == pytest.approx(sum(l2p) / 4) and out.results["l2p"].of == a
+        assert out.pick == (Candidate(st.measured(a + "@l2p"), "l2p", candidate.s, candidate.method) if wins else
+                            candidate)
         again = end_game.check(st, prof, "fitted", candidate, measure)
         assert again == out and len(calls) == 1  # kept in the state
 
@@ -177,9 +182,10 @@ def test_a_damaged_check_entry_is_refused(prof, tmp_path):
     path = tmp_path / "s.json"
     run_search(prof, SearchConfig(**CFG), Evaluator({}), state_path=str(path), provenance={"seeds": [1, 2]})
     data = json.loads(path.read_text())
-    for bad in ({"mask": "2" * 10, "results": {}}, {"mask": data["forecasters"]["mask"], "results": {"l2p": {}}},
-                ["l2p"]):
-        path.write_text(json.dumps(dict(data, forecasters=bad)))
+    key = next(k for k, m in data["masks"].items() if m["kind"] == "check")
+    for bad in ({"of": "2" * 10}, {"of": None}, {"kind": "magic"}, {"method": 3}, {"s": [1.0]}):
+        masks = dict(data["masks"], **{key: dict(data["masks"][key], **bad)})
+        path.write_text(json.dumps(dict(data, masks=masks)))
         with pytest.raises(GCacheError, match="damaged"):
             load_state(str(path))
 
