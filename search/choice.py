@@ -51,7 +51,8 @@ def choose(state: SearchState, rule: Rule = CHOICE) -> Choice:
     if fallback is None:  # no start mask measured yet
         return Choice(best, ARGMIN_MU if any(best is f for f in finals) else BEST, False, state.measured(best["mask"]))
     # a polish move that was not accepted failed the polish guard against its parent: never a candidate
-    pool = [e for e in state.history if not (e["kind"] == POLISH and not e.get("accepted"))] + finals
+    pool = [e for e in state.history if not (e["kind"] == POLISH and not e.get("accepted"))] + finals + \
+        list(state.kept_entries())
     better = sorted((e for e in pool if e["loss"] < fallback["loss"]), key=lambda e: (e["loss"], e.get("i", math.inf)))
     for e in better:
         verdict = rule.better(masks[e["mask"]], masks[fallback["mask"]], state.seed)

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
@@ -172,13 +173,37 @@ def run(state: SearchState, profile: Profile, forecast: str, executor: Executor,
     return EndGame(choice, checked, fresh, checked.pick if fresh is None else fresh.winner)
 
 
+class _Nothing:
+    """An executor that evaluates nothing: the end game of a finished search again, from what it measured."""
+    can_apply_forecaster = can_sample_fresh = False
+
+
+def returned(state: SearchState, profile: Profile, forecast: str, skip_check: Optional[str] = None) -> str:
+    """The key of the candidate a finished search's end game returned, found again from its state (a copy: nothing
+    is measured or written; its log lines are left out)."""
+    quiet = logging.Filter()
+    quiet.filter = lambda record: record.thread != threading.get_ident()
+    log.addFilter(quiet)
+    try:
+        return run(state, profile, forecast, _Nothing(), skip_check).final.key
+    finally:
+        log.removeFilter(quiet)
+
+
 # ------------------------------------------------------------------------------------------------ the check
 def chooses_among(forecast: str) -> list[str]:
     """The forecasters a new search of `forecast` chooses among after its budget (module docstring): for a profile-
     fitted one, its own and then every other registered forecaster, fixed rules included; for a fixed rule none (the
     rule is kept). Recorded in the state when the search starts (SearchState.choices)."""
     own = forecasters.get(forecast).name
-    return [own] + [n for n in forecasters.names() if n != own] if profile_fitted(own) else []
+    return [own] + [n for n in gcache_forecasters() if n != own] if profile_fitted(own) else []
+
+
+def gcache_forecasters() -> list[str]:
+    """GCache's own registered forecasters (core/forecasters/), by rank: not the rivals bench/rivals.py registers for
+    its rows, nor a test's toy ones."""
+    return [n for n in forecasters.names()
+            if type(forecasters.get(n)).__module__.startswith(forecasters.__name__ + ".")]
 
 
 def among(state: SearchState, profile: Profile, own: str) -> list[str]:

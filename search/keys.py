@@ -13,7 +13,8 @@ MEASURED_BY = KINDS + (FINAL, CHECK)  # what measured a candidate (Measured.kind
 
 
 def key_of(mask, forecast: Optional[str] = None) -> str:
-    """The key of a mask ("1001…", or a sequence of 0/1) applied with `forecast` (None: the search's own forecaster)."""
+    """The key of a mask ("1001…", or a sequence of 0/1) applied with `forecast` (None: the search's own
+    forecaster)."""
     bits = mask if isinstance(mask, str) else "".join("1" if int(m) else "0" for m in mask)
     return bits if forecast is None else f"{bits}@{forecast}"
 

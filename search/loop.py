@@ -121,6 +121,8 @@ class SearchLoop:
         self.state = SearchState.open(state_path, config, profile, self.provenance, [nm for nm, _, _ in starts],
                                       [nm for nm, _, _ in own_starts], end_game.chooses_among(config.forecast))
         self.starts = starts if self.state.starts_names == [nm for nm, _, _ in starts] else own_starts
+        if self.state.earlier is not None:  # a larger budget: the finished search's policy stays a candidate
+            self.state.keep(end_game.returned(self.state.earlier, profile, config.forecast, skip_check))
         config.validate(n, len(self.starts))
         self.grid_points = start_grid(config.degree + 1, config.s_min, config.s_max)
         self.surrogate = GPLCB(config.degree + 1, config.s_min, config.s_max, config.seed, config.n_candidates,

@@ -137,6 +137,7 @@ class SearchState:
     def __init__(self, data: dict, path: Optional[str]):
         self._data, self.path = data, path
         self._views: dict = {}  # read-only copies handed out since the last change
+        self.earlier: Optional[SearchState] = None  # open(): the finished search a larger budget continues, as it was
 
     @classmethod
     def open(cls, path: Optional[str], config: SearchConfig, profile: Profile, provenance: dict,
@@ -153,7 +154,7 @@ class SearchState:
             return cls({"format": STATE_FORMAT, "version": STATE_VERSION, "fingerprint": sid, "config": asdict(config),
                         "profile": prof_id, "provenance": provenance, "starts": list(starts), "history": [],
                         "masks": {}, "gp": {"theta": None}, "polish": {"incumbent": None, "roots": [], "guard": None},
-                        "final": None, "done": False, "pending": [], "choices": list(choices),
+                        "final": None, "done": False, "pending": [], "choices": list(choices), "kept": [],
                         "fresh": {"chooses": True, "masks": {}}}, path)
         data = migrated(load_state(path))
         if data["fingerprint"] != sid and not (own_starts is not None and data["starts"] == list(own_starts) and
@@ -161,9 +162,14 @@ class SearchState:
                                                                                 own_starts)):
             raise _another_search(path, _differences(data, config, prof_id, provenance, starts))
         data["config"]["budget"] = config.budget
+        earlier = None
         if len(data["history"]) < config.budget:  # a larger budget continues the search: its argmin-μ mask stays
-            data["done"], data["final"] = False, None  # a candidate (a measured one of kind FINAL: all_finals)
-        return cls(data, path)
+            if data["done"]:  # a candidate (a measured one of kind FINAL: all_finals), and so does its policy (keep)
+                earlier = cls(json.loads(json.dumps(data)), None)
+            data["done"], data["final"] = False, None
+        state = cls(data, path)
+        state.earlier = earlier
+        return state
 
     @classmethod
     def peek(cls, path: str) -> Optional["SearchState"]:
@@ -274,12 +280,25 @@ class SearchState:
         hist = self.history[:upto] if upto is not None else self.history
         pool = [h for h in hist if kinds is None or h["kind"] in kinds]
         if with_final and (kinds is None or FINAL in kinds):
-            pool += self.all_finals()
+            pool += self.all_finals() + self.kept_entries()
         return min(pool, key=lambda h: (h["loss"], h.get("i", math.inf)), default=None)
 
     def all_finals(self) -> list:
         """Every argmin-μ entry measured so far: the earlier finishes' (finals), then the last one (final)."""
         return list(self.finals) + ([self.final] if self.final is not None else [])
+
+    @property
+    def kept(self) -> list:
+        """The keys of the candidates earlier budgets' end games returned (their policies), in order: a finished
+        search continued with a larger budget keeps each as a candidate (choice.py), so its policy is never worse on
+        its own loss than the smaller budget's, unless the fresh seeds replace the pick (end_game.py)."""
+        return self._view("kept", lambda: self._data.get("kept", []))
+
+    def kept_entries(self) -> list:
+        """The kept candidates as entries ({"mask", "loss", "s"}) the choice compares with the history's."""
+        return self._view("kept_entries", lambda: [
+            {"mask": m.key, "loss": m.loss, "s": None if m.s is None else list(m.s)}
+            for m in map(self.measured, self.kept)])
 
     def proposed(self) -> int:
         """Proposals made so far: the finished ones and those still out."""
@@ -291,7 +310,7 @@ class SearchState:
 
     def all_measured(self) -> list[Measured]:
         """Every measured candidate, in the order measured."""
-        return [Measured.of_record(k, r) for k, r in self._data["masks"].items()]
+        return [Measured.of_record(k, r) for k, r in self._data.get("masks", {}).items()]
 
     def is_pending(self, key: str) -> bool:
         return any(p["mask"] == key for p in self._data["pending"])
@@ -311,8 +330,8 @@ class SearchState:
         history entry recorded for it next says it (record). A loss that is no finite number stops the search."""
         loss, per_seed = loss_of(raw)
         if not math.isfinite(loss):
-            raise GCacheError(f"The evaluation of mask {key} returned {raw!r:.120}, not a finite loss (the run diverged or "
-                              f"the objective failed). The state file keeps the {len(self._data['history'])} "
+            raise GCacheError(f"The evaluation of mask {key} returned {raw!r:.120}, not a finite loss (the run "
+                              f"diverged or the objective failed). The state file keeps the {len(self._data['history'])} "
                               "evaluations before it; fix the evaluation and run the search again to resume.")
         self._data["masks"][key] = {"loss": loss, "seconds": round(seconds, 4), "first": first,
                                     **({"per_seed": per_seed} if per_seed is not None else {}),
@@ -340,7 +359,8 @@ class SearchState:
         hist = self._data["history"]
         entry = {"i": len(hist), "kind": proposal["kind"], "s": _plain(proposal["s"]), "mask": proposal["mask"],
                  "loss": self._data["masks"][proposal["mask"]]["loss"], "reused": reused, "seconds": round(seconds, 4),
-                 "bound": proposal.get("bound"), "kappa": proposal.get("kappa"), "gp_seconds": proposal.get("gp_seconds")}
+                 "bound": proposal.get("bound"), "kappa": proposal.get("kappa"),
+                 "gp_seconds": proposal.get("gp_seconds")}
         for key in ("method", "parent"):
             if proposal.get(key):
                 entry[key] = proposal[key]
@@ -375,6 +395,12 @@ class SearchState:
         self._changed()
 
     # the end game (end_game.py)
+    def keep(self, key: str) -> None:
+        """Candidate `key`, the policy of the finished search a larger budget continues, stays a candidate (kept)."""
+        if key not in self._data["kept"]:
+            self._data["kept"].append(key)
+            self._changed()
+
     def finish(self, final: Mapping) -> None:
         self._data["final"], self._data["done"] = _plain(final), True
         self._changed()

@@ -26,6 +26,8 @@ nothing after the read tells the versions apart.
                  masks, kind "final": a candidate still)
     pending      proposals dispatched and not back yet; a resumed search dispatches them again
     choices      the forecasters the end game chooses among, the search's own first (end_game.chooses_among)
+    kept         the keys of the candidates earlier budgets' end games returned: a finished search continued with a
+                 larger budget keeps its policy as a candidate (choice.py)
     fresh        the final choice on fresh seeds (end_game.py): {"chooses": whether this search makes it (false: a
                  file made before it, which resumes without it), "masks": key -> {"loss", "per_seed"?} on the fresh
                  seeds}
@@ -84,12 +86,14 @@ def load_state(path: str) -> dict:
                           "untouched: choose another state file name.")
     if state.get("version") not in READS:
         raise GCacheError(f"{name} has search-state version {state.get('version')!r}; this GCache reads "
-                          f"{' and '.join(map(str, READS))}. Delete it to search again, or use the GCache version "
+                          f"{', '.join(map(str, READS[:-1]))} and {READS[-1]}. Delete it to search again, or use the "
+                          "GCache version "
                           "that wrote it.")
     try:
         _check(state)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise GCacheError(f"{name} is damaged ({e!r}). It was left untouched: delete it to start the search over.") from None
+        raise GCacheError(f"{name} is damaged ({e!r}). It was left untouched: delete it to start the search "
+                          "over.") from None
     return state
 
 
@@ -167,6 +171,8 @@ def _check(state: dict) -> None:
     if version >= 5:
         if not (isinstance(state["choices"], list) and all(isinstance(v, str) for v in state["choices"])):
             raise ValueError("bad end-game forecasters ('choices')")
+        if not (isinstance(state["kept"], list) and all(k in state["masks"] for k in state["kept"])):
+            raise ValueError("bad kept candidates")
         return
     checked = state.get("forecasters")  # versions 3 and 4: the forecaster check's record; absent before it ran
     if checked is not None and not (isinstance(checked, dict) and mask_ok(checked.get("mask"))
@@ -250,7 +256,7 @@ def migrated(data: dict) -> dict:
       join them under their keys), versions 3 and 4 a record of the checked candidate (dropped);
     - "fresh" is always present: a file made before the final choice on fresh seeds gets {"chooses": false} and
       resumes without it, as it was searched;
-    - "choices": the forecasters its end game chose among (made_before_choices)."""
+    - "choices": the forecasters its end game chose among (made_before_choices); "kept": none."""
     if data.get("version") == STATE_VERSION:
         return data
     data = json.loads(json.dumps(data))
@@ -278,5 +284,6 @@ def migrated(data: dict) -> dict:
         m.update(how or {"kind": FINAL, "s": None, "method": method_of({})})
     data["fresh"] = {"chooses": "fresh" in data, "masks": data.get("fresh", {}).get("masks", {})}
     data["choices"] = made_before_choices(data["config"].get("forecast"))
+    data["kept"] = []
     data["version"] = STATE_VERSION
     return data

@@ -14,21 +14,22 @@ SEED = 1  # a search seed whose budget-26 finish measures a new mask (checked be
 
 
 class FreshEvaluator(fx.Evaluator):
-    """The fixture's evaluator, able to sample fresh seeds (the same losses there), with one mask (`star`) at half its
-    loss under every forecaster: the case where the earlier finish's argmin-μ mask is the best the search knows."""
+    """The fixture's evaluator, able to sample fresh seeds (the same losses there), with one mask (`star`) at `factor`
+    times its loss under forecaster `rule` (None: under every forecaster): the case where a mask the earlier end game
+    measured is the best the search knows."""
 
-    can_sample_fresh = True
-
-    def __init__(self, star=None):
+    def __init__(self, star=None, rule=None, factor=0.5, fresh=True):
         super().__init__()
-        self.star, self.fresh_calls = star, []
+        self.star, self.rule, self.factor, self.fresh_calls = star, rule, factor, []
+        self.can_sample_fresh = fresh  # False: no final choice on fresh seeds (executor.py)
 
     def __call__(self, mask, forecast=None, fresh=False):
         losses = super().__call__(mask, forecast)
         if fresh:
             self.fresh_calls.append(self.calls.pop())
         key = "".join(str(int(m)) for m in mask)
-        return [v * 0.5 for v in losses] if key == self.star else losses
+        hit = key == self.star and (self.rule is None or forecast == self.rule)
+        return [v * self.factor for v in losses] if hit else losses
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,7 @@ def search(profile, budget, evaluator, path=None):
 def own_loss(evaluator, policy) -> float:
     """The oracle: the evaluator's mean loss of the policy's mask under its forecaster."""
     fc = None if policy.forecast == fx.CONFIG["forecast"] else policy.forecast
-    return float(np.mean(FreshEvaluator(evaluator.star)(policy.mask, fc)))
+    return float(np.mean(FreshEvaluator(evaluator.star, evaluator.rule, evaluator.factor, False)(policy.mask, fc)))
 
 
 def test_a_larger_budget_keeps_the_earlier_finish_as_a_candidate(profile, tmp_path):
@@ -63,6 +64,26 @@ def test_a_larger_budget_keeps_the_earlier_finish_as_a_candidate(profile, tmp_pa
     again = FreshEvaluator(star)  # the finished file: the same policy, nothing sampled
     assert search(profile, 40, again, path).policy.to_dict() == large.to_dict()
     assert again.calls == [] and again.fresh_calls == []
+
+
+def test_a_larger_budget_keeps_the_smaller_budget_s_policy_as_a_candidate(profile, tmp_path):
+    """The budget-26 policy is its pick's mask under linear (the forecaster check's variant, at 0.7 times the loss of
+    the pick, which is no history entry); the budget-40 search finds masks between the two. It returns the kept
+    policy, not a worse one. (An evaluation without fresh seeds: on them a finalist may replace the pick, trading the
+    search's own loss for the fresh seeds', at any budget; end_game.py.)"""
+    pick = search(profile, 26, FreshEvaluator(fresh=False)).policy
+    star = "".join(map(str, pick.mask))
+    path = str(tmp_path / "s.search.json")
+    small = search(profile, 26, FreshEvaluator(star, "linear", 0.7, fresh=False), path).policy
+    assert small.forecast == "linear" and small.provenance["forecast"]["chosen_by"] == "forecaster check"
+    assert small.metrics["loss"] == pytest.approx(0.7 * pick.metrics["loss"])
+    ev = FreshEvaluator(star, "linear", 0.7, fresh=False)
+    large = search(profile, 40, ev, path).policy
+    lower = [key for key, fc in ev.calls if fc is None and np.mean(fx.Evaluator()([int(c) for c in key])) <
+             pick.metrics["loss"]]
+    assert lower  # the larger budget found masks better than the pick, none as good as the kept policy
+    assert large.metrics["loss"] <= small.metrics["loss"] and large.to_dict()["mask"] == small.to_dict()["mask"]
+    assert large.metrics["loss"] == pytest.approx(own_loss(ev, large))
 
 
 @pytest.mark.parametrize("seed", [0])

@@ -104,7 +104,8 @@ def test_a_version_3_file_is_migrated_once_when_read():
             {"kind": "final", "s": old["final"]["s"], "method": "gcache argmin mu"}
         assert new["masks"][key] == {**m, **how}
         assert entry or key == old["final"]["mask"]  # every measured candidate is a history entry or the final one
-    assert {k: v for k, v in new.items() if k not in ("version", "masks", "fresh", "choices")} == \
+    assert new["kept"] == []  # no earlier budget's policy known
+    assert {k: v for k, v in new.items() if k not in ("version", "masks", "fresh", "choices", "kept")} == \
         {k: v for k, v in old.items() if k not in ("version", "masks", "forecasters")}
     assert migrated(new) is new and load_state(fx.DONE) == old  # the file itself is left as it is
 
