@@ -13,6 +13,9 @@ The rule, on the search's own loss (the mean over its seeds):
   searched masks that were better held out more often than it kept a lucky one; the rule stays a parameter for the
   bench that compares stricter ones. (Under stricter rules a chain of accepted polish moves used to earn what a lone
   searched mask could not; under CHOICE_Z = 0 that chain could never change the choice, and it is gone.)
+- The candidates: the history's entries, every end's argmin-μ mask (an earlier budget's too, when a larger budget
+  continued a finished search) and the policies earlier budgets returned (state.kept), so a larger budget's pick is
+  never worse on the search's own loss than the smaller one's.
 - Without per-seed losses of 2+ seeds nothing can be checked: the lowest loss wins ("unchecked", and the log says so).
 
 Why the fallback is the best start on the search's own samples and not a fixed one (say the theory DP policy): a
@@ -49,7 +52,8 @@ def choose(state: SearchState, rule: Rule = CHOICE) -> Choice:
     if best is None:
         return Choice(None, BEST, False)
     if fallback is None:  # no start mask measured yet
-        return Choice(best, ARGMIN_MU if any(best is f for f in finals) else BEST, False, state.measured(best["mask"]))
+        how = ARGMIN_MU if any(best is f for f in finals) else BEST
+        return Choice(best, how, False, state.measured(best["mask"]))
     # a polish move that was not accepted failed the polish guard against its parent: never a candidate
     pool = [e for e in state.history if not (e["kind"] == POLISH and not e.get("accepted"))] + finals + \
         list(state.kept_entries())

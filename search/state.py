@@ -331,8 +331,8 @@ class SearchState:
         loss, per_seed = loss_of(raw)
         if not math.isfinite(loss):
             raise GCacheError(f"The evaluation of mask {key} returned {raw!r:.120}, not a finite loss (the run "
-                              f"diverged or the objective failed). The state file keeps the {len(self._data['history'])} "
-                              "evaluations before it; fix the evaluation and run the search again to resume.")
+                              f"diverged or the objective failed). The state file keeps the "
+                              f"{len(self._data['history'])} evaluations before it; fix the evaluation and run the search again to resume.")
         self._data["masks"][key] = {"loss": loss, "seconds": round(seconds, 4), "first": first,
                                     **({"per_seed": per_seed} if per_seed is not None else {}),
                                     **_plain(dict(how or {}))}
