@@ -37,7 +37,6 @@ def main(argv=None, harness_factory=None) -> dict:
     from ..search import end_game
     from ..search.config import SearchConfig
     from ..search.loop import run_search
-    from ..search.state import forecaster_of, mask_of
     setup = FittedSetup(a, harness_factory)
     profile, evaluate, held_out, gp_seeds = setup.profile, setup.evaluate, setup.held_out, setup.gp_seeds
     own = "fitted"
@@ -49,16 +48,14 @@ def main(argv=None, harness_factory=None) -> dict:
         for g in gp_seeds:
             res = run_search(profile, SearchConfig(k=k, budget=a.budget, seed=g, objective="ssim", forecast=own),
                              evaluate)
-            checked = res.state.checked  # the check of the candidate the search returned
-            key = checked["mask"]
-            base, mask = forecaster_of(key, own), mask_of(key)  # a candidate may be another forecaster's mask
-            psnrs = {base: held_out(mask, base), **{n: held_out(mask, n) for n in checked["results"]}}
+            checked = res.end.check  # the check of the candidate the search returned
+            base, mask = checked.checked.forecaster, checked.checked.mask  # it may be another forecaster's mask
+            psnrs = {base: held_out(mask, base), **{n: held_out(mask, n) for n in checked.results}}
             run = {"K": k, "gp_seed": g, "searched_with": base, "psnr": psnrs,
-                   "loss": {base: res.state.masks[key]["loss"],
-                            **{n: r["loss"] for n, r in checked["results"].items()}},
+                   "loss": {base: checked.checked.loss, **{n: r.loss for n, r in checked.results.items()}},
                    "picks": {}}
             for rule, judge in rules().items():
-                pick = end_game.pick(res.state.masks[key], checked["results"], g, judge) or base
+                pick = end_game.pick(checked.checked.measured, checked.results, g, judge) or base
                 run["picks"][rule] = {"forecaster": pick, "gain_db": round(psnrs[pick] - psnrs[base], 3)}
             runs.append(run)
             progress.step(f"K = {k}, GP seed {g}: held-out " + ", ".join(f"{n} {v:.2f} dB" for n, v in psnrs.items())

@@ -56,7 +56,7 @@ def main(argv=None, harness_factory=None) -> dict:
                 fresh = res.end.fresh
                 run = {"search_seeds": seeds, "K": k, "gp_seed": g, "finalists": [], "picks": {}}
                 if fresh is not None and not fresh.skipped and len(fresh.losses) > 1:
-                    keys = [key for key in fresh.finalists if key in fresh.losses]
+                    keys = [c.key for c in fresh.finalists if c.key in fresh.losses]
                     psnr = {key: setup.held_out(key) for key in keys}
                     best = max(psnr.values())
                     run["finalists"] = [{"key": key, "fresh_loss": fresh.losses[key], "psnr": psnr[key]}

@@ -11,6 +11,9 @@ The rule, on the search's own loss (the mean over its seeds):
   threw away searched masks that were better held out more often than it kept a lucky one. With CHOICE_Z = 0 the
   paired test says what the means say, so this module applies no test at all; the stricter rules the bench compares
   live in bench/choice_regret.py (`choose_under`).
+- The candidates: the history's entries, every end's argmin-μ mask (an earlier budget's too, when a larger budget
+  continued a finished search) and the policies earlier budgets returned (state.kept), so a larger budget's pick is
+  never worse on the search's own loss than the smaller one's.
 - Without per-seed losses of 2+ seeds the rules that do test over the seeds (the polish guard, the forecaster check,
   the final choice on fresh seeds) fall back to the mean: a searched winner is then "unchecked" (the log says so).
 
@@ -25,7 +28,7 @@ from collections.abc import Mapping
 from typing import NamedTuple, Optional
 
 from .paired import per_seed
-from .state import POLISH, START, SearchState
+from .state import POLISH, START, Measured, SearchState
 
 # How the chosen entry was chosen (the policy's provenance "chosen"; policies saved before 2026-11-29 may also say
 # "beyond_noise" or "instant_within_noise", the verdicts of the noise margin retired then)
@@ -34,16 +37,19 @@ FRESH = "fresh_seeds"  # another forecaster's best candidate won on the fresh se
 
 
 class Choice(NamedTuple):
-    entry: Optional[Mapping]  # a history entry or the final argmin-μ one (None: nothing measured)
+    entry: Optional[Mapping]  # a history entry or an end's argmin-μ one (None: nothing measured)
     how: str                  # BEST | ARGMIN_MU
     unchecked: bool           # a searched mask won on a search without per-seed losses of 2+ seeds
+    measured: Optional[Measured] = None  # the entry's measured candidate (state.py): what the end game carries
 
 
 def candidates(state: SearchState) -> list:
-    """What the choice may return, lowest loss first (of equal ones the best start mask, then the earliest; the final
-    entry last): every history entry but the polish moves the polish guard rejected, and the final argmin-μ entry."""
-    fin, fallback = state.final, state.best(kinds=(START,))
-    pool = [e for e in state.history if not (e["kind"] == POLISH and not e.get("accepted"))] + ([fin] if fin else [])
+    """What the choice may return, lowest loss first (of equal ones the best start mask, then the earliest; the ends'
+    entries last): every history entry but the polish moves the polish guard rejected, every end's argmin-μ entry and
+    the policies earlier budgets returned (state.kept)."""
+    fallback = state.best(kinds=(START,))
+    pool = [e for e in state.history if not (e["kind"] == POLISH and not e.get("accepted"))] + \
+        list(state.all_finals()) + list(state.kept_entries())
     return sorted(pool, key=lambda e: (e["loss"], fallback is None or e["mask"] != fallback["mask"],
                                        e.get("i", math.inf)))
 
@@ -54,7 +60,7 @@ def choose(state: SearchState) -> Choice:
     if not pool:
         return Choice(None, BEST, False)
     e = pool[0]
-    how = ARGMIN_MU if e is state.final else BEST
+    how = ARGMIN_MU if any(e is f for f in state.all_finals()) else BEST
     seeds = per_seed(state.masks.get(e["mask"]))
     searched = fallback is not None and e["mask"] != fallback["mask"]
-    return Choice(e, how, searched and (seeds is None or seeds.size < 2))
+    return Choice(e, how, searched and (seeds is None or seeds.size < 2), state.measured(e["mask"]))

@@ -17,9 +17,10 @@ SearchLoop is one search, one method per phase, in the order they run:
     end_game() the candidate the search returns, the forecaster check and the final choice on fresh seeds
                (end_game.py), then the policy (result.py)
 
-A candidate is a mask with the forecaster it is applied with (state.py key_of): the search's own, or another
+A candidate is a mask with the forecaster it is applied with (keys.py key_of): the search's own, or another
 profile-fitted one's. A state file made with its own forecaster's start masks only (of version 3, made before the
-others were measured) resumes with them; a file made before the final choice on fresh seeds resumes without it.
+others were measured) resumes with them; a file made before the final choice on fresh seeds resumes without it. A
+finished search continued with a larger budget keeps its earlier argmin-μ mask as a candidate.
 
 The budget splits into the first four phases (budget.py); `propose(j)` says which phase proposal j belongs to.
 `run()` drives them: up to q proposals in flight on an Executor (executor.py), each result recorded in the state
@@ -54,10 +55,11 @@ from .end_game import EndGame
 from .executor import Executor, InProcessExecutor, evaluate_now
 from .gp import GPLCB, kappa_schedule, start_grid
 from .instant import bound_on, dp_on, propagation_weights
+from .keys import FINAL, GP, GRID, POLISH, START, forecaster_of, key_of, mask_of, method_of, split_key
 from .polish import Polish
 from .result import SearchResult
 from .starts import start_masks
-from .state import FINAL, GP, GRID, POLISH, START, SearchState, forecaster_of, key_of, mask_of, split_key
+from .state import SearchState
 
 log = logging.getLogger("gcache")
 
@@ -120,8 +122,10 @@ class SearchLoop:
         self.progress, self.should_stop, self.skip_check = progress, should_stop, skip_check
         self.provenance = json.loads(json.dumps(dict(provenance or {}), default=str))
         self.state = SearchState.open(state_path, config, profile, self.provenance, [nm for nm, _, _ in first],
-                                      [nm for nm, _, _ in other])
+                                      [nm for nm, _, _ in other], end_game.chooses_among(config.forecast))
         self.starts = first if self.state.starts_names == [nm for nm, _, _ in first] else other
+        if self.state.earlier is not None:  # a larger budget: the finished search's policy stays a candidate
+            self.state.keep(end_game.returned(self.state.earlier, profile, config.forecast, skip_check))
         config.validate(n, len(self.starts))
         self.grid_points = start_grid(config.degree + 1, config.s_min, config.s_max)
         self.surrogate = GPLCB(config.degree + 1, config.s_min, config.s_max, config.seed, config.n_candidates,
@@ -236,7 +240,8 @@ class SearchLoop:
             t0 = time.perf_counter()
             raw = evaluate_now(self.executor, list(mask), forecast=split_key(key)[1])
             secs = time.perf_counter() - t0
-            state.measure(key, raw, secs, first=config.budget)
+            state.measure(key, raw, secs, first=config.budget,
+                          how={"kind": FINAL, "s": [float(v) for v in s_mu], "method": method_of({})})
         state.finish({"s": [float(v) for v in s_mu], "mask": key, "loss": state.masks[key]["loss"], "reused": reused,
                       "seconds": round(secs, 4), "bound": bound, "gp_seconds": round(gp_secs, 4)})
         self.report({"kind": FINAL, **state.final}, len(state.history))

@@ -19,8 +19,9 @@ from .choice import FRESH
 from .config import SearchConfig
 from .end_game import EndGame, check_provenance
 from .instant import instant_name
+from .keys import POLISH, mask_of, method_of  # noqa: F401  (method_of: what loop.py reports)
 from .paired import paired_difference
-from .state import POLISH, SearchState, mask_of
+from .state import SearchState
 
 
 @dataclass
@@ -55,12 +56,6 @@ def predicted_speedup_text(policy: Policy) -> str:
     return IoShare.from_metrics(policy.metrics, 0.0).describe_speedup(policy.n_steps, policy.n_computed)
 
 
-def method_of(entry: dict) -> str:
-    """The method a history entry stands for (the policy's provenance "won")."""
-    return entry.get("method") or {"grid": "gcache start grid", "gp": "gcache GP-LCB",
-                                   "polish": "gcache polish"}.get(entry.get("kind"), "gcache argmin mu")
-
-
 def build(state: SearchState, profile: Profile, config: SearchConfig, end: EndGame) -> SearchResult:
     """The result of a finished search: the policy of the candidate its end game chose (end_game.py), with its
     provenance and its loss minus the instant policy's, paired over the seeds."""
@@ -68,13 +63,13 @@ def build(state: SearchState, profile: Profile, config: SearchConfig, end: EndGa
     best = state.best()
     own = instant_name("theory", config.forecast)  # the instant policy of the same forecaster
     theory = next((h for h in hist if h.get("method") == own), None)
-    chosen, fc_name = end.final.entry, end.final.forecaster
-    measured = masks[end.final.key]
+    final, fc_name = end.final, end.final.forecaster
+    measured = final.measured.losses()
     searched_with = forecasters.get(config.forecast).name
-    s_chosen = None if chosen["s"] is None else [float(v) for v in chosen["s"]]
+    s_chosen = None if final.s is None else [float(v) for v in final.s]
     prov = json.loads(json.dumps(state.provenance))  # the policy's own copy
     prov.update({"s": s_chosen, "degree": config.degree, "objective": config.objective, "chosen": end.how,
-                 "won": method_of(chosen), "iterations": len(hist), "evaluations": len(masks),
+                 "won": final.method, "iterations": len(hist), "evaluations": len(masks),
                  "search_seed": config.seed, "s_range": [config.s_min, config.s_max], "profile": dict(state.profile_id),
                  "state": state.search_id,
                  "polish": {"moves": sum(h["kind"] == POLISH for h in hist),
@@ -90,7 +85,7 @@ def build(state: SearchState, profile: Profile, config: SearchConfig, end: EndGa
                         "chosen_by": "fresh seeds" if end.how == FRESH else
                         "forecaster check" if fc_name != end.check.checked.forecaster else
                         ("search config" if fc_name == searched_with else "search")}
-    checked = check_provenance(end.check, state)
+    checked = check_provenance(end.check)
     if checked:
         prov["forecast"]["check"] = checked
     fresh = end.fresh.provenance() if end.fresh is not None else {}
@@ -98,7 +93,7 @@ def build(state: SearchState, profile: Profile, config: SearchConfig, end: EndGa
         prov["fresh_seeds"] = fresh  # the final choice on fresh seeds (end_game.py)
         if end.final.key in fresh.get("losses", {}):
             metrics["fresh_loss"] = fresh["losses"][end.final.key]
-    policy = searched_policy(profile, mask_of(chosen["mask"]), fc_name, "gcache", prov, metrics)
+    policy = searched_policy(profile, final.mask, fc_name, "gcache", prov, metrics)
     return SearchResult(policy=policy, best_mask=mask_of(best["mask"]), best_loss=best["loss"],
                         mu_mask=mask_of(fin["mask"]), mu_loss=fin["loss"], s_best=s_chosen,
                         s_mu=[float(v) for v in fin["s"]], history=list(hist), state=state,

@@ -1,244 +1,79 @@
-"""The search's state file: every evaluation so far, enough to resume after a crash or an interrupt.
-
-One JSON object, written atomically after every change (format "gcache.search_state", version 4). A file of version
-3 is migrated once, when it is read (`migrated`), and written back as version 4 when the search changes it: nothing
-after the read tells the versions apart.
-
-A measured candidate is a mask applied with a forecaster: its key is the mask ("1001…") when the forecaster is the
-search's own, else the mask and the forecaster's name ("1001…@l2p", `key_of`). A search with a profile-fitted
-forecaster measures the instant masks of every profile-fitted forecaster under that forecaster (starts.py), and its
-forecaster check measures its chosen mask under the others (end_game.py), so a history entry's "mask" and the keys of
-"masks" are such keys.
-
-    fingerprint  the search id: a hash of the config's identity (config.identity_of: less the budget and the polish
-                 guard), the profile, the provenance and the names of the start masks (what the search proposes
-                 depends on all of them)
-    config, profile, provenance, starts    what the id was made of (to say in words what differs)
-    history      one entry per proposal, in the order its result came back: i, kind (instant | grid | gp | polish),
-                 s, mask, loss, reused, seconds, bound, kappa, gp_seconds (+ method for start masks; parent and
-                 accepted for polish moves)
-    masks        each distinct candidate's loss (and per-seed losses): a candidate is evaluated once
-    gp           {"theta": the last fit's log-hyperparameters}, the next fit's warm start
-    polish       the polish stage's climb: incumbent, roots, guard (polish.py; the guard's name: paired.SAVED_GUARDS)
-    final, done  the argmin-μ mask measured at the end
-    pending      proposals dispatched and not back yet; a resumed search dispatches them again
-    forecasters  the forecaster check (end_game.py): the candidate it checked and each other forecaster's loss on its
-                 mask (also in "masks" under their keys); absent until it ran
-    fresh        the final choice on fresh seeds (end_game.py): {"masks": key -> its loss on the fresh seeds}; absent
-                 in a file made before that choice (its search resumes without it)
+"""The state of one search (SearchState): every evaluation so far, enough to resume after a crash or an interrupt,
+read and changed only through its accessors and methods. Its file's format, reading, checking and migration are
+state_file.py; a candidate's key (a mask with its forecaster) is keys.py. A measured candidate is a Measured record:
+its key, its loss (and per-seed losses) and how it was measured, so whoever holds one needs nothing else.
 
 Code outside this module reads the file's content only through SearchState's accessors, which hand out read-only
 copies (`frozen`), and changes it only through SearchState's methods.
-
-A state file of another search, a newer or older format, or a damaged file is refused and left untouched.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ..core import forecasters
 from ..core.errors import GCacheError
 from ..core.files import atomic_write_text
 from ..core.profile import Profile
-from .config import SearchConfig, identity_of
-from .paired import SAVED_GUARDS
-
-STATE_FORMAT = "gcache.search_state"
-STATE_VERSION = 4  # 4: candidates are (mask, forecaster) keys; 3: start masks of several error models, polish moves
-READS = (3, 4)     # 3 is migrated when read (migrated); older: refused
-# What a history entry's "kind" is: the phase that proposed it (loop.py). Start masks keep their first name, "instant".
-START, GRID, GP, POLISH = KINDS = ("instant", "grid", "gp", "polish")
-FINAL = "final"  # the argmin-μ entry measured at the end (state.final), as best() and the progress reports name it
-
-
-def key_of(mask, forecast: Optional[str] = None) -> str:
-    """The key of a mask ("1001…", or a sequence of 0/1) applied with `forecast` (None: the search's own forecaster)."""
-    bits = mask if isinstance(mask, str) else "".join("1" if int(m) else "0" for m in mask)
-    return bits if forecast is None else f"{bits}@{forecast}"
-
-
-def split_key(key: str) -> tuple[str, Optional[str]]:
-    """(the mask as "1001…", the forecaster's name or None for the search's own) of a candidate key."""
-    bits, _, forecast = key.partition("@")
-    return bits, (forecast or None)
+from .config import SearchConfig
+from .keys import CHECK, FINAL, GP, GRID, KINDS, POLISH, START, forecaster_of, key_of, mask_of, method_of, split_key  # noqa: F401
+from .state_file import (  # noqa: F401
+    READS,
+    STATE_FORMAT,
+    STATE_VERSION,
+    _another_search,
+    _differences,
+    check_state,
+    load_state,
+    migrated,
+    profile_identity,
+    search_id,
+)
 
 
-def mask_of(key: str) -> list:
-    """The mask of a candidate key as a list of 0/1."""
-    return [int(c) for c in split_key(key)[0]]
+@dataclass(frozen=True)
+class Measured:
+    """One measured candidate (the state file's "masks" record): its key (keys.py: a mask with its forecaster), the
+    mean loss over the search seeds, the per-seed losses (None: the evaluation gave one number), the history index
+    when it was measured (`first`), and how: `kind` (a history entry's kind, FINAL for an end's argmin-μ mask, CHECK
+    for the forecaster check's), `s` and `method` (what found the mask: the policy's provenance "s" and "won"; a
+    check's are those of the candidate it checked, `of`)."""
+    key: str
+    loss: float
+    per_seed: Optional[tuple]
+    first: int
+    kind: Optional[str]
+    s: Optional[tuple]
+    method: str
+    of: Optional[str] = None
 
+    @classmethod
+    def of_record(cls, key: str, rec: Mapping) -> "Measured":
+        s, per_seed = rec.get("s"), rec.get("per_seed")
+        return cls(key, float(rec["loss"]), None if per_seed is None else tuple(per_seed), int(rec.get("first", 0)),
+                   rec.get("kind"), None if s is None else tuple(s), rec.get("method") or method_of(rec),
+                   rec.get("of"))
 
-def forecaster_of(key: str, own: str) -> str:
-    """The forecaster a candidate key is applied with (`own`: the search's)."""
-    return split_key(key)[1] or own
+    @property
+    def mask(self) -> list:
+        return mask_of(self.key)
 
+    @property
+    def bits(self) -> str:
+        return split_key(self.key)[0]
 
-def profile_identity(profile: Profile) -> dict:
-    h = hashlib.sha256()
-    h.update(np.ascontiguousarray(profile.E, dtype=np.float64).tobytes())
-    h.update(np.ascontiguousarray(profile.times, dtype=np.float64).tobytes())
-    return {"n_steps": int(profile.n_steps), "sha256": h.hexdigest()[:16], "count": int(profile.count)}
+    def forecaster(self, own: str) -> str:
+        """The forecaster it is applied with (`own`: the search's)."""
+        return forecaster_of(self.key, own)
 
-
-def search_id(config: SearchConfig, prof_id: dict, provenance: dict, starts: list) -> str:
-    """What makes two runs the same search (a larger budget continues it): stored as the state's 'fingerprint'."""
-    blob = json.dumps({"config": config.identity(), "profile": prof_id, "provenance": provenance, "starts": starts},
-                      sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def load_state(path: str) -> dict:
-    """Read and check a state file; never modifies it."""
-    name = os.path.basename(path)
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            state = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        why = e.strerror if isinstance(e, OSError) and e.strerror else e  # an OSError's text repeats the path
-        raise GCacheError(f"The search state {name} is unreadable or damaged ({why}). It was left as it is: delete it "
-                          "to start the search over, or choose another state file name.") from None
-    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-        raise GCacheError(f"{name} is not a GCache search state (no 'format': '{STATE_FORMAT}'). It was left "
-                          "untouched: choose another state file name.")
-    if state.get("version") not in READS:
-        raise GCacheError(f"{name} has search-state version {state.get('version')!r}; this GCache reads "
-                          f"{' and '.join(map(str, READS))}. Delete it to search again, or use the GCache version "
-                          "that wrote it.")
-    try:
-        _check(state)
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise GCacheError(f"{name} is damaged ({e!r}). It was left untouched: delete it to start the search "
-                          "over.") from None
-    return state
-
-
-def _check(state: dict) -> None:
-    """Raises on anything a hand edit or a bug could leave that the search would trip over later."""
-    dim = int(state["config"]["degree"]) + 1
-    n = int(state["profile"]["n_steps"])
-
-    def number(v) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-    def mask_ok(m) -> bool:  # a candidate key: the mask, and from version 4 "@" and a forecaster's name
-        if not isinstance(m, str):
-            return False
-        bits, fc = split_key(m)
-        if fc is not None and (state["version"] < 4 or not fc.replace("_", "").isalnum()):
-            return False
-        return len(bits) == n and not set(bits) - {"0", "1"} and bits[0] == "1"
-
-    def s_ok(e: dict) -> bool:  # start masks and polish moves have no s; GP proposals one of the search's dimension
-        if e.get("kind") == START:
-            return e["s"] is None and isinstance(e.get("method"), str)
-        if e.get("kind") == POLISH:
-            return e["s"] is None and mask_ok(e.get("parent"))
-        return isinstance(e["s"], list) and len(e["s"]) == dim and all(number(v) for v in e["s"])
-
-    if not isinstance(state["history"], list) or not isinstance(state["masks"], dict):
-        raise ValueError("bad history or masks")
-    for j, h in enumerate(state["history"]):
-        if not (isinstance(h, dict) and h.get("i") == j and h.get("kind") in KINDS and s_ok(h) and mask_ok(h["mask"])
-                and number(h["loss"])):
-            raise ValueError(f"bad history entry {j}")
-    for key, m in state["masks"].items():
-        if not (mask_ok(key) and isinstance(m, dict) and number(m["loss"])):
-            raise ValueError("bad mask entry")
-    pending = state["pending"]
-    if not isinstance(pending, list):
-        raise ValueError("bad pending list")
-    for j, p in enumerate(pending):
-        if not (isinstance(p, dict) and p.get("kind") in KINDS and s_ok(p) and mask_ok(p["mask"])):
-            raise ValueError(f"bad pending entry {j}")
-    pol = state["polish"]
-    if not (isinstance(pol, dict) and (pol["incumbent"] is None or mask_ok(pol["incumbent"]))
-            and isinstance(pol["roots"], list) and all(mask_ok(r) for r in pol["roots"])
-            and (pol["guard"] is None or pol["guard"] in SAVED_GUARDS)):
-        raise ValueError("bad polish entry")
-    if not (isinstance(state["starts"], list) and all(isinstance(v, str) for v in state["starts"])):
-        raise ValueError("bad start mask names")
-    theta = state["gp"]["theta"]
-    if theta is not None and not (isinstance(theta, list) and len(theta) == dim + 2 and all(number(v) for v in theta)):
-        raise ValueError("bad GP hyperparameters")
-    if not isinstance(state["done"], bool) or (state["done"] and not (
-            isinstance(state["final"], dict) and mask_ok(state["final"].get("mask"))
-            and number(state["final"].get("loss")))):
-        raise ValueError("bad final entry")
-    checked = state.get("forecasters")  # the forecaster check (end_game.py); absent before it ran
-    if checked is not None and not (isinstance(checked, dict) and mask_ok(checked.get("mask"))
-                                    and isinstance(checked.get("results"), dict)
-                                    and all(isinstance(k, str) and isinstance(r, dict) and number(r.get("loss"))
-                                            for k, r in checked["results"].items())):
-        raise ValueError("bad forecaster check entry")
-    fresh = state.get("fresh")  # the final choice on fresh seeds (end_game.py); absent in files made before it
-    if fresh is not None and not (isinstance(fresh, dict) and isinstance(fresh.get("masks"), dict)
-                                  and all(mask_ok(k) and isinstance(r, dict) and number(r.get("loss"))
-                                          for k, r in fresh["masks"].items())):
-        raise ValueError("bad fresh-seed entry")
-    if not isinstance(state["fingerprint"], str):
-        raise ValueError("bad search id ('fingerprint')")
-
-
-def _config_differences(state: dict, config: SearchConfig, provenance: dict) -> list[str]:
-    """What differs, in words, between a state file's search and this one in config and provenance (the profile
-    aside). Forecasters compare by name: a state file may hold an order (0/1/2), the config a name."""
-    old_cfg, new_cfg = identity_of(state.get("config") or {}), config.identity()
-    for cfg in (old_cfg, new_cfg):
-        if "forecast" in cfg:
-            cfg["forecast"] = _forecaster_name(cfg["forecast"])
-    diffs = [f"{k}: file {old_cfg.get(k)!r}, now {v!r}" for k, v in new_cfg.items() if old_cfg.get(k) != v]
-    old_prov = state.get("provenance") or {}
-    if old_prov != provenance:
-        keys = sorted(k for k in set(old_prov) | set(provenance) if old_prov.get(k) != provenance.get(k))
-        diffs.append("provenance differs in " + ", ".join(keys)
-                     + (" (another ComfyUI workflow)" if "workflow_sha256" in keys else ""))
-    return diffs
-
-
-def _forecaster_name(value: Any) -> Any:
-    try:
-        return forecasters.canonical(value)
-    except (GCacheError, TypeError, ValueError):
-        return value  # not a forecaster: shown as the file has it
-
-
-def _differences(state: dict, config: SearchConfig, prof_id: dict, provenance: dict, starts: list) -> str:
-    """What differs between a state file's search and this one, in words."""
-    diffs = _config_differences(state, config, provenance)
-    old_prof = state.get("profile") or {}
-    if old_prof.get("n_steps") != prof_id["n_steps"]:
-        diffs.append(f"profile steps N: file {old_prof.get('n_steps')}, now {prof_id['n_steps']}")
-    elif old_prof.get("sha256") != prof_id["sha256"]:
-        diffs.append(f"profile: file {old_prof.get('sha256')}, now {prof_id['sha256']} (another profile of the same N)")
-    if state.get("starts") != starts:
-        diffs.append(f"start masks: file {state.get('starts')}, now {starts}")
-    return "; ".join(diffs) or "its search id differs"
-
-
-def _another_search(path: str, differences: str) -> GCacheError:
-    return GCacheError(f"{os.path.basename(path)} belongs to another search ({differences}). It was left untouched: "
-                       "use another state file name, or delete it to start over.")
-
-
-def check_state(path: Optional[str], config: SearchConfig, provenance: dict) -> Optional[dict]:
-    """The state file at `path` read and checked before any sampling (None when there is none): a damaged one, or
-    one whose config or provenance differs from this search's, is refused as SearchState.open would refuse it
-    later. The profile can't be compared yet (it may come from the reference runs): open() does that."""
-    if not (path and os.path.exists(path)):
-        return None
-    data = load_state(path)
-    diffs = _config_differences(data, config, json.loads(json.dumps(dict(provenance or {}), default=str)))
-    if diffs:
-        raise _another_search(path, "; ".join(diffs))
-    return data
+    def losses(self) -> dict:
+        """{"loss", "per_seed"?}: what the paired rules compare (paired.py)."""
+        return {"loss": self.loss, **({"per_seed": list(self.per_seed)} if self.per_seed is not None else {})}
 
 
 def loss_of(raw: Any) -> tuple[float, Optional[list]]:
@@ -290,24 +125,6 @@ def frozen(value: Any) -> Any:
     return value
 
 
-def migrated(data: dict) -> dict:
-    """A checked state file's content in the current format (version 4), migrated once when it is read: a version-3
-    file kept the forecaster check's results beside its masks; version 4 keeps them among the measured candidates,
-    under their keys (key_of), as a check measures them now. A file of version 3 has no "fresh" entry: it resumes
-    without the final choice on fresh seeds, as any file made before that choice."""
-    if data.get("version") != 3:
-        return data
-    data = json.loads(json.dumps(data))
-    checked = data.get("forecasters")
-    if checked:
-        for name, r in checked["results"].items():
-            data["masks"].setdefault(key_of(checked["mask"], name), {
-                "loss": r["loss"], "seconds": 0.0, "first": len(data["history"]),
-                **({"per_seed": r["per_seed"]} if r.get("per_seed") is not None else {})})
-    data["version"] = STATE_VERSION
-    return data
-
-
 @dataclass(frozen=True)
 class PolishClimb:
     """The polish stage's climb as the state file keeps it ("polish"): the mask being climbed from (incumbent), the
@@ -329,31 +146,39 @@ class SearchState:
     def __init__(self, data: dict, path: Optional[str]):
         self._data, self.path = data, path
         self._views: dict = {}  # read-only copies handed out since the last change
+        self.earlier: Optional[SearchState] = None  # open(): the finished search a larger budget continues, as it was
 
     @classmethod
     def open(cls, path: Optional[str], config: SearchConfig, profile: Profile, provenance: dict,
-             starts: list, own_starts: Optional[list] = None) -> "SearchState":
+             starts: list, own_starts: Optional[list] = None, choices: Sequence[str] = ()) -> "SearchState":
         """The state in `path` when it belongs to this search (a larger budget continues it), else a new one.
         `starts`: the names of the start masks; `own_starts`: those of the search's own forecaster only. A file made
         with its own forecaster's start masks only (one of version 3, made before searches measured the others, or
         one whose evaluation could not apply another forecaster) resumes with them: `starts_names` says which. A
-        state file of another search is refused and left untouched."""
+        state file of another search is refused and left untouched. `choices`: the forecasters the end game of a new
+        search chooses among (end_game.chooses_among); a file keeps those it was made with."""
         prof_id = profile_identity(profile)
         sid = search_id(config, prof_id, provenance, starts)
         if not (path and os.path.exists(path)):
             return cls({"format": STATE_FORMAT, "version": STATE_VERSION, "fingerprint": sid, "config": asdict(config),
                         "profile": prof_id, "provenance": provenance, "starts": list(starts), "history": [],
                         "masks": {}, "gp": {"theta": None}, "polish": {"incumbent": None, "roots": [], "guard": None},
-                        "final": None, "done": False, "pending": [], "fresh": {"masks": {}}}, path)
+                        "final": None, "done": False, "pending": [], "choices": list(choices), "kept": [],
+                        "fresh": {"chooses": True, "masks": {}}}, path)
         data = migrated(load_state(path))
         if data["fingerprint"] != sid and not (own_starts is not None and data["starts"] == list(own_starts) and
                                                data["fingerprint"] == search_id(config, prof_id, provenance,
                                                                                 own_starts)):
             raise _another_search(path, _differences(data, config, prof_id, provenance, starts))
         data["config"]["budget"] = config.budget
-        if len(data["history"]) < config.budget:
-            data["done"], data["final"] = False, None  # a larger budget continues the search
-        return cls(data, path)
+        earlier = None
+        if len(data["history"]) < config.budget:  # a larger budget continues the search: its argmin-μ mask stays
+            if data["done"]:  # a candidate (a measured one of kind FINAL: all_finals), and so does its policy (keep)
+                earlier = cls(json.loads(json.dumps(data)), None)
+            data["done"], data["final"] = False, None
+        state = cls(data, path)
+        state.earlier = earlier
+        return state
 
     @classmethod
     def peek(cls, path: str) -> Optional["SearchState"]:
@@ -390,21 +215,33 @@ class SearchState:
         return self._view("final", lambda: self._data.get("final"))
 
     @property
+    def finals(self) -> list:
+        """The argmin-μ masks of earlier ends, in the order measured, as final entries ({"mask", "loss", "s"}): a
+        finished search continued with a larger budget keeps each as a candidate (state.final is the last end's)."""
+        last = (self.final or {}).get("mask")
+        return self._view("finals", lambda: [{"mask": m.key, "loss": m.loss, "s": None if m.s is None else list(m.s)}
+                                             for m in self.all_measured() if m.kind == FINAL and m.key != last])
+
+    @property
     def polish(self) -> PolishClimb:
         pol = self._data["polish"]
         return PolishClimb(pol["incumbent"], tuple(pol["roots"]), pol["guard"])
 
     @property
-    def checked(self) -> Optional[Mapping]:
-        """The forecaster check (end_game.py): {"mask" (the candidate checked), "results": forecaster -> {"loss",
-        "per_seed"?}}, or None before it ran."""
-        return self._view("checked", lambda: self._data.get("forecasters"))
+    def choices(self) -> list:
+        """The forecasters the end game chooses among, the search's own first (end_game.chooses_among)."""
+        return self._view("choices", lambda: self._data["choices"])
 
     @property
-    def fresh(self) -> Optional[Mapping]:
-        """The candidates measured on the fresh seeds (key -> {"loss", "per_seed"?}); None in a file made before the
-        final choice on fresh seeds (its search resumes without it)."""
-        return self._view("fresh", lambda: None if self._data.get("fresh") is None else self._data["fresh"]["masks"])
+    def fresh(self) -> Mapping:
+        """The candidates measured on the fresh seeds (key -> {"loss", "per_seed"?})."""
+        return self._view("fresh", lambda: self._data["fresh"]["masks"])
+
+    @property
+    def chooses_on_fresh_seeds(self) -> bool:
+        """Whether this search makes the final choice on fresh seeds (False: a file made before it, which resumes
+        without it, as it was searched)."""
+        return self._data["fresh"]["chooses"]
 
     @property
     def config(self) -> Mapping:
@@ -448,17 +285,41 @@ class SearchState:
              ) -> Optional[Mapping]:
         """The best history entry: the lowest loss, ties to the earliest (a start mask is kept over a later entry that
         equals it). `upto`: among the first entries only; `kinds`: of these kinds only; `with_final`: the argmin-μ
-        entry measured at the end competes too (after every entry on a tie). None when there is none."""
+        entries measured at the ends compete too (after every entry on a tie). None when there is none."""
         hist = self.history[:upto] if upto is not None else self.history
         pool = [h for h in hist if kinds is None or h["kind"] in kinds]
-        fin = self.final
-        if with_final and fin is not None and (kinds is None or FINAL in kinds):
-            pool.append(fin)
+        if with_final and (kinds is None or FINAL in kinds):
+            pool += self.all_finals() + self.kept_entries()
         return min(pool, key=lambda h: (h["loss"], h.get("i", math.inf)), default=None)
+
+    def all_finals(self) -> list:
+        """Every argmin-μ entry measured so far: the earlier finishes' (finals), then the last one (final)."""
+        return list(self.finals) + ([self.final] if self.final is not None else [])
+
+    @property
+    def kept(self) -> list:
+        """The keys of the candidates earlier budgets' end games returned (their policies), in order: a finished
+        search continued with a larger budget keeps each as a candidate (choice.py), so its policy is never worse on
+        its own loss than the smaller budget's, unless the fresh seeds replace the pick (end_game.py)."""
+        return self._view("kept", lambda: self._data.get("kept", []))
+
+    def kept_entries(self) -> list:
+        """The kept candidates as entries ({"mask", "loss", "s"}) the choice compares with the history's."""
+        return self._view("kept_entries", lambda: [
+            {"mask": m.key, "loss": m.loss, "s": None if m.s is None else list(m.s)}
+            for m in map(self.measured, self.kept)])
 
     def proposed(self) -> int:
         """Proposals made so far: the finished ones and those still out."""
         return len(self._data["history"]) + len(self._data["pending"])
+
+    def measured(self, key: str) -> Measured:
+        """The measured candidate of `key` (KeyError: not measured)."""
+        return Measured.of_record(key, self._data["masks"][key])
+
+    def all_measured(self) -> list[Measured]:
+        """Every measured candidate, in the order measured."""
+        return [Measured.of_record(k, r) for k, r in self._data.get("masks", {}).items()]
 
     def is_pending(self, key: str) -> bool:
         return any(p["mask"] == key for p in self._data["pending"])
@@ -472,9 +333,10 @@ class SearchState:
         self._data["gp"]["theta"] = None if value is None else [float(v) for v in value]
         self._changed()
 
-    def measure(self, key: str, raw: Any, seconds: float, first: int) -> None:
-        """Keep what evaluate() returned for mask `key` (the loss, and the per-seed losses for paired comparisons);
-        `first` is the history index that measured it. A loss that is no finite number stops the search."""
+    def measure(self, key: str, raw: Any, seconds: float, first: int, how: Optional[Mapping] = None) -> Measured:
+        """Keep what evaluate() returned for candidate `key` (the loss, and the per-seed losses for paired comparisons);
+        `first` is the history index that measured it; `how`: {"kind", "s", "method", "of"?} (Measured), else the
+        history entry recorded for it next says it (record). A loss that is no finite number stops the search."""
         loss, per_seed = loss_of(raw)
         if not math.isfinite(loss):
             raise GCacheError(f"The evaluation of mask {key} returned {raw!r:.120}, not a finite loss (the run "
@@ -482,8 +344,10 @@ class SearchState:
                               f"{len(self._data['history'])} evaluations before it; fix the evaluation and run the "
                               "search again to resume.")
         self._data["masks"][key] = {"loss": loss, "seconds": round(seconds, 4), "first": first,
-                                    **({"per_seed": per_seed} if per_seed is not None else {})}
+                                    **({"per_seed": per_seed} if per_seed is not None else {}),
+                                    **_plain(dict(how or {}))}
         self._changed()
+        return self.measured(key)
 
     def dispatch(self, proposal: Mapping) -> None:
         """A proposal goes out: pending until its result comes back."""
@@ -511,6 +375,9 @@ class SearchState:
             if proposal.get(key):
                 entry[key] = proposal[key]
         hist.append(entry)
+        measured = self._data["masks"][proposal["mask"]]
+        if "kind" not in measured:  # the entry that measured it says how
+            measured.update(kind=entry["kind"], s=entry["s"], method=method_of(entry))
         self._changed()
         return frozen(entry)
 
@@ -538,21 +405,16 @@ class SearchState:
         self._changed()
 
     # the end game (end_game.py)
+    def keep(self, key: str) -> None:
+        """Candidate `key`, the policy of the finished search a larger budget continues, stays a candidate (kept)."""
+        if key not in self._data["kept"]:
+            self._data["kept"].append(key)
+            self._changed()
+
     def finish(self, final: Mapping) -> None:
         self._data["final"], self._data["done"] = _plain(final), True
         self._changed()
         self.save()
-
-    def record_check(self, key: str, results: Mapping) -> bool:
-        """The forecaster check of candidate `key`: forecaster -> {"loss", "per_seed"?} (what it measured of the
-        candidate under the others). Returns whether the state changed."""
-        record = {"mask": key, "results": {g: {k: _plain(r[k]) for k in ("loss", "per_seed") if k in r}
-                                           for g, r in results.items()}}
-        if self._data.get("forecasters") == record:
-            return False
-        self._data["forecasters"] = record
-        self._changed()
-        return True
 
     def measure_fresh(self, key: str, loss: float, per_seed: Optional[list]) -> None:
         """Candidate `key`'s loss on the fresh seeds (the final choice, end_game.py)."""

@@ -185,7 +185,7 @@ def test_a_state_file_of_the_previous_version_is_refused_with_what_to_do(tmp_pat
         json.dump(state, f)
     with open(path, "rb") as f:
         before = f.read()
-    with pytest.raises(GCacheError, match="version 2; this GCache reads 3 and 4. Delete it to search again"):
+    with pytest.raises(GCacheError, match="version 2; this GCache reads 3, 4 and 5. Delete it to search again"):
         run_search(prof, SearchConfig(**CFG), Evaluator(prof), state_path=path)
     assert _unchanged(path, before)
 

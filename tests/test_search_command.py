@@ -35,12 +35,17 @@ def test_a_fitted_search_command_checks_the_other_forecaster_and_measures_its_po
     assert main(args, harness=h) == 0
     pol = Policy.load(str(tmp_path / "policy_N8_K3.json"))
     state = json.loads((tmp_path / "search_state_N8_K3.json").read_text())
-    checked = state["forecasters"]["mask"]  # the check ran: the candidate it chose, under the other forecaster
+    checks = {k: m for k, m in state["masks"].items() if m["kind"] == "check"}  # the check ran, once
+    checked = {m["of"] for m in checks.values()}.pop()  # the candidate it checked, under the other forecasters
     base = checked.partition("@")[2] or "fitted"
-    assert state["config"]["forecast"] == "fitted"
-    assert set(state["forecasters"]["results"]) == {"fitted", "l2p"} - {base}
+    from gcache.search.end_game import chooses_among
+    everyone = set(chooses_among("fitted"))  # fitted, l2p and the fixed rules
+    bits = checked.partition("@")[0]
+    measured = {(k.partition("@")[2] or "fitted") for k in state["masks"] if k.partition("@")[0] == bits}
+    assert state["config"]["forecast"] == "fitted" and {k.partition("@")[2] or "fitted" for k in checks} <= everyone
+    assert measured == everyone  # the checked mask under each of them (some measured before the check)
     assert any(h["mask"].endswith("@l2p") for h in state["history"])  # l2p's start masks were measured
-    assert pol.forecast in ("fitted", "l2p") and pol.provenance["forecast"]["check"]["searched_with"] == base
+    assert pol.forecast in everyone and pol.provenance["forecast"]["check"]["searched_with"] == base
     assert pol.metrics["eval_psnr"] == h.held_out(pol, [0, 1])["eval_psnr"]  # under the policy's own forecaster
     assert f"forecaster {pol.forecast}" in capsys.readouterr().out
 

@@ -11,7 +11,7 @@ from gcache.core.errors import GCacheError
 from gcache.core.policy import Policy
 from gcache.search import end_game, paired
 from gcache.search.config import SearchConfig
-from gcache.search.end_game import Candidate, fitted_forecasters, pick
+from gcache.search.end_game import Candidate, among, chooses_among, pick
 from gcache.search.loop import mask_key, run_search
 from gcache.search.state import load_state
 
@@ -59,12 +59,21 @@ def test_pick_by_hand():
     assert pick({"loss": 1.0}, {"a": {"loss": 0.99}}, 0) == "a"  # no per-seed losses: the mean decides
 
 
-def test_candidates_are_the_other_profile_fitted_forecasters(prof):
-    assert fitted_forecasters(prof, "fitted") == ["fitted", "l2p"]
-    assert fitted_forecasters(prof, "l2p") == ["l2p", "fitted"]
-    assert fitted_forecasters(prof, "linear") == [] and fitted_forecasters(prof, "reuse") == []  # a fixed rule
+def test_a_search_chooses_among_every_forecaster_and_a_fixed_rule_is_kept(prof):
+    """A profile-fitted search's end game chooses among every registered forecaster (fixed rules included), its own
+    first; a fixed-rule search keeps its rule; one whose profile can't fit l2p leaves it out."""
+    from gcache.core import forecasters
+    assert chooses_among("fitted") == ["fitted", "reuse", "linear", "quadratic", "l2p"]
+    assert chooses_among("l2p") == ["l2p", "reuse", "linear", "quadratic", "fitted"]
+    rivals = set(forecasters.names()) - set(chooses_among("fitted"))  # a bench's rivals or a test's toys, if any
+    assert all(not type(forecasters.get(n)).__module__.startswith("gcache.core.forecasters.") for n in rivals)
+    assert chooses_among("linear") == [] and chooses_among("reuse") == []  # a fixed rule
+    st = _state({}, [])
+    st._data.update(choices=chooses_among("fitted"))
     samples, times = trajectories()
-    assert fitted_forecasters(profile_of(samples, times, forecast=False), "fitted") == ["fitted"]  # l2p can't fit
+    assert among(st, prof, "fitted") == chooses_among("fitted")
+    assert among(st, profile_of(samples, times, forecast=False), "fitted") == ["fitted", "reuse", "linear",
+                                                                             "quadratic"]  # l2p can't fit
 
 
 # ------------------------------------------------------------------------------------------------ in the search
@@ -84,8 +93,9 @@ def test_a_forecaster_better_on_every_mask_wins_the_start_masks_and_the_search(p
     assert check["chosen_by"] == "search" and check["check"]["searched_with"] == "l2p"
     assert check["check"]["fitted"]["minus_searched"]["mean"] == pytest.approx(fitted["loss"] - pol.metrics["loss"])
     on_disk = load_state(path)
-    assert on_disk["version"] == 4 and on_disk["forecasters"]["mask"] == key
-    assert on_disk["forecasters"]["results"]["fitted"]["per_seed"] == pytest.approx(fitted["per_seed"])
+    checks = [m for m in on_disk["masks"].values() if m["kind"] == "check"]  # the check, kept once: among the masks
+    assert on_disk["version"] == 5 and "forecasters" not in on_disk and checks and all(m["of"] == key for m in checks)
+    assert on_disk["masks"][mask_key(pol.mask)]["per_seed"] == pytest.approx(fitted["per_seed"])
     # a search run again on its finished state measures nothing and gives the same policy
     again = Evaluator({"l2p": 0.5})
     res2 = run_search(prof, SearchConfig(**CFG), again, state_path=path, provenance={"seeds": [1, 2]})
@@ -93,12 +103,15 @@ def test_a_forecaster_better_on_every_mask_wins_the_start_masks_and_the_search(p
 
 
 def _state(masks: dict, history: list):
-    """An in-memory version-4 search state holding `masks` (key -> per-seed losses) and `history` (kind, key)."""
-    from gcache.search.state import SearchState
-    data = {"format": "gcache.search_state", "version": 4, "fingerprint": "t", "config": {"seed": 0},
-            "profile": {}, "provenance": {}, "starts": [], "history": [], "masks": {}, "gp": {"theta": None},
-            "polish": {"incumbent": None, "roots": [], "guard": None}, "final": None, "done": True, "pending": []}
-    st = SearchState(data, None)
+    """An in-memory search state of a fitted search holding `masks` (key -> per-seed losses) and `history` (kind,
+    key): an empty one of version 4 migrated as a file is read (its end game chooses among the profile-fitted
+    forecasters), then filled."""
+    from gcache.search.state import SearchState, migrated
+    data = {"format": "gcache.search_state", "version": 4, "fingerprint": "t",
+            "config": {"seed": 0, "forecast": "fitted"}, "profile": {}, "provenance": {}, "starts": [], "history": [],
+            "masks": {}, "gp": {"theta": None}, "polish": {"incumbent": None, "roots": [], "guard": None},
+            "final": None, "done": True, "pending": []}
+    st = SearchState(migrated(data), None)
     for key, per_seed in masks.items():
         st.measure(key, per_seed, 0.0, first=0)
     for kind, key in history:
@@ -123,11 +136,12 @@ def test_the_check_of_the_chosen_candidate_by_hand(prof):
         def measure(mask, name):
             calls.append(("".join(map(str, mask)), name))
             return l2p
-        candidate = Candidate(a, choice.entry, "fitted")
+        candidate = Candidate.of(choice.measured, "fitted")
         out = end_game.check(st, prof, "fitted", candidate, measure)
         assert calls == [(a, "l2p")] and out.checked == candidate and out.skipped is None
-        assert out.results["l2p"]["loss"] == pytest.approx(sum(l2p) / 4) and st.checked["mask"] == a
-        assert out.pick == (Candidate(a + "@l2p", choice.entry, "l2p") if wins else candidate)
+        assert out.results["l2p"].loss == pytest.approx(sum(l2p) / 4) and out.results["l2p"].of == a
+        assert out.pick == (Candidate(st.measured(a + "@l2p"), "l2p", candidate.s, candidate.method) if wins else
+                            candidate)
         again = end_game.check(st, prof, "fitted", candidate, measure)
         assert again == out and len(calls) == 1  # kept in the state
 
@@ -148,7 +162,7 @@ def test_an_evaluation_that_cant_change_forecaster_says_so(prof, caplog):
         res = run_search(prof, SearchConfig(**CFG), lambda mask: ev(mask), provenance={"seeds": [1, 2]})
     assert res.policy.forecast == "fitted" and all(f is None for _, f in ev.calls)
     assert "and this one can't; the policy keeps fitted" in res.policy.provenance["forecast"]["check"]["skipped"]
-    assert "forecaster check (l2p on the chosen mask)" in caplog.text
+    assert "forecaster check (l2p, linear, quadratic, reuse on the chosen mask)" in caplog.text
 
 
 def test_a_search_told_to_skip_the_check_says_why(prof):
@@ -170,9 +184,10 @@ def test_a_damaged_check_entry_is_refused(prof, tmp_path):
     path = tmp_path / "s.json"
     run_search(prof, SearchConfig(**CFG), Evaluator({}), state_path=str(path), provenance={"seeds": [1, 2]})
     data = json.loads(path.read_text())
-    for bad in ({"mask": "2" * 10, "results": {}}, {"mask": data["forecasters"]["mask"], "results": {"l2p": {}}},
-                ["l2p"]):
-        path.write_text(json.dumps(dict(data, forecasters=bad)))
+    key = next(k for k, m in data["masks"].items() if m["kind"] == "check")
+    for bad in ({"of": "2" * 10}, {"of": None}, {"kind": "magic"}, {"method": 3}, {"s": [1.0]}):
+        masks = dict(data["masks"], **{key: dict(data["masks"][key], **bad)})
+        path.write_text(json.dumps(dict(data, masks=masks)))
         with pytest.raises(GCacheError, match="damaged"):
             load_state(str(path))
 
@@ -198,3 +213,39 @@ def test_a_search_made_without_the_other_forecasters_resumes_as_it_was_searched(
     assert on_disk["starts"] == starts and len(on_disk["history"]) == CFG["budget"] + 4
     assert not any(h["kind"] == "instant" and "@" in h["mask"] for h in on_disk["history"])
     assert any(f == "l2p" for _, f in again.calls) and res.policy.provenance["forecast"]["check"]["l2p"]
+
+
+class RuleEvaluator:
+    """tests/search_fixture.py's evaluator (4 seeds, able to sample fresh seeds: the same losses there) with one fixed
+    rule `better` at `factor` times the loss on every mask."""
+
+    can_apply_forecaster = can_sample_fresh = True
+
+    def __init__(self, better, factor=0.7):
+        import search_fixture as fx
+        self.inner, self.better, self.factor = fx.Evaluator(), better, factor
+
+    def __call__(self, mask, forecast=None, fresh=False):
+        losses = self.inner(mask, forecast)
+        return [v * self.factor for v in losses] if forecast == self.better else losses
+
+
+@pytest.mark.parametrize("better", ["reuse", "linear"])
+def test_a_fixed_rule_better_on_the_chosen_mask_becomes_the_policy(better):
+    """The search on the fixture (fitted, its start masks those of fitted and l2p) never measures a fixed rule until
+    its end game; with `better` at 0.7 times the loss on every mask, the check measures the chosen mask under it, it
+    wins on both halves of the seeds and on the fresh seeds, and the policy applies it. Oracle: the evaluator."""
+    import search_fixture as fx
+
+    from gcache.core.profile import Profile
+    prof = Profile.load(fx.PROFILE)
+    ev = RuleEvaluator(better)
+    res = run_search(prof, SearchConfig(**dict(fx.CONFIG, budget=26)), ev, provenance=fx.PROVENANCE)
+    pol = res.policy
+    assert not any(h["mask"].endswith("@" + better) for h in res.history)  # the search itself never applied it
+    searched = res.end.check.checked
+    assert pol.forecast == better and pol.mask == [int(c) for c in searched.key.split("@")[0]]
+    assert pol.provenance["forecast"]["chosen_by"] == "forecaster check"
+    base = fx.Evaluator()(pol.mask, None if searched.forecaster == "fitted" else searched.forecaster)
+    assert pol.metrics["loss"] == pytest.approx(0.7 * sum(base) / 4)
+    assert res.end.fresh is not None and res.end.final.key == res.end.check.pick.key  # the fresh seeds agree

@@ -3,15 +3,15 @@ whose own seeds rank the forecasters the other way from its fresh seeds, resumin
 searches that skip it (an evaluation that can't, a fixed rule, a state file made before it)."""
 import json
 import logging
+from typing import Optional
 
 import pytest
 from test_forecaster_l2p import profile_of, trajectories
 
-from gcache.search import end_game
 from gcache.search.config import SearchConfig
-from gcache.search.end_game import finalists, fresh_seeds, on_fresh_seeds
+from gcache.search.end_game import Candidate, finalists, fresh_seeds, on_fresh_seeds
 from gcache.search.loop import run_search
-from gcache.search.state import SearchState, load_state
+from gcache.search.state import SearchState, load_state, migrated
 
 CFG = dict(k=5, degree=2, budget=26, seed=1, objective="ssim", n_candidates=256, acq_polish=2, forecast="fitted")
 
@@ -28,31 +28,40 @@ def test_fresh_seeds_by_hand():
     assert not set(fresh_seeds([0, 1, 2])) & {0, 1, 2}
 
 
-def _state(masks: dict, history: list) -> SearchState:
-    """An in-memory search state with the fresh-seed entry: `masks` key -> per-seed losses, `history` keys."""
-    data = {"format": "gcache.search_state", "version": 4, "fingerprint": "t", "config": {"seed": 0},
-            "profile": {}, "provenance": {}, "starts": [], "history": [], "masks": {}, "gp": {"theta": None},
-            "polish": {"incumbent": None, "roots": [], "guard": None}, "final": None, "done": True, "pending": [],
-            "fresh": {"masks": {}}}
-    st = SearchState(data, None)
+def _state(masks: dict, history: list, checks: Optional[dict] = None) -> SearchState:
+    """An in-memory version-5 search state of a fitted search (migrated from an empty one of version 4 with the
+    fresh-seed entry, as a file is read): `masks` key -> per-seed losses, `history` keys (start masks named "m"),
+    `checks` key -> the key whose check measured it."""
+    data = {"format": "gcache.search_state", "version": 4, "fingerprint": "t",
+            "config": {"seed": 0, "forecast": "fitted"}, "profile": {}, "provenance": {}, "starts": [], "history": [],
+            "masks": {}, "gp": {"theta": None}, "polish": {"incumbent": None, "roots": [], "guard": None},
+            "final": None, "done": True, "pending": [], "fresh": {"masks": {}}}
+    st = SearchState(migrated(data), None)
     for key, per_seed in masks.items():
-        st.measure(key, per_seed, 0.0, first=0)
+        st.measure(key, per_seed, 0.0, first=0, how={"kind": "check", "s": None, "method": "m", "of": checks[key]}
+                   if key in (checks or {}) else None)
     for key in history:
         st.record({"kind": "instant", "s": None, "mask": key, "method": "m"}, 0.0, False)
     return st
 
 
+def _candidates(st: SearchState, keys) -> list:
+    return [Candidate.of(st.measured(k), "fitted") for k in keys]
+
+
 def test_the_finalists_and_the_winner_by_hand():
     """A (fitted, the pick) 1.0; C (fitted) 1.5; l2p: B 1.2 in the history, D 1.1 measured only by the check (the
     variant of a fitted history entry's mask). Finalists: A and D (l2p's lowest). On the fresh seeds D is lower: D
-    wins, and its entry is the history entry of its mask."""
+    wins, carrying its own measurement and what its check said of it (no history entry of its own)."""
     a, b, c = "1111100000", "1110110000@l2p", "1101110000"
     d = "1011110000@l2p"
     st = _state({a: [1.0, 1.0], b: [1.2, 1.2], c: [1.5, 1.5], d: [1.1, 1.1], "1011110000": [1.3, 1.3]},
-                [a, b, c, "1011110000"])
-    keys = finalists(st, a, ["fitted", "l2p"], "fitted")
+                [a, b, c, "1011110000"], checks={d: "1011110000"})
+    pick = Candidate.of(st.measured(a), "fitted")
+    cands = finalists(st, pick, ["fitted", "l2p"], "fitted")
+    keys = [x.key for x in cands]
     assert keys == [a, d]
-    assert finalists(st, a, ["fitted"], "fitted") == [a]  # A is fitted's lowest: nothing to compare
+    assert [x.key for x in finalists(st, pick, ["fitted"], "fitted")] == [a]  # A is fitted's lowest: no compare
     fresh = {a: [2.0, 2.2], d: [1.0, 1.4]}
     calls = []
 
@@ -60,13 +69,14 @@ def test_the_finalists_and_the_winner_by_hand():
         key = "".join(map(str, mask)) + (f"@{fc}" if fc else "")
         calls.append(key)
         return fresh[key]
-    out = on_fresh_seeds(st, keys, measure, "fitted")
-    assert calls == [a, d] and out.winner == d and out.seeds == 2 and out.finalists == (a, d)
+    out = on_fresh_seeds(st, cands, measure, "fitted")
+    assert calls == [a, d] and out.winner.key == d and out.seeds == 2 and out.finalists == tuple(cands)
+    assert out.winner.forecaster == "l2p" and out.winner.loss == pytest.approx(1.1)
+    assert out.winner.measured.of == "1011110000" and out.winner.method == "m"  # what its check said, carried
     assert out.losses == {a: pytest.approx(2.1), d: pytest.approx(1.2)}
-    assert end_game.entry_of(st, d)["mask"] == "1011110000"  # the variant's mask, from the history
     rec = out.provenance()
     assert rec["replaced"] is True and rec["seeds"] == 2 and set(rec["losses"]) == {a, d}
-    again = on_fresh_seeds(st, keys, None, "fitted")  # kept in the state: nothing measured again
+    again = on_fresh_seeds(st, cands, None, "fitted")  # kept in the state: nothing measured again
     assert len(calls) == 2 and again == out
 
 
@@ -79,18 +89,18 @@ def test_a_lower_fresh_loss_within_one_standard_error_keeps_the_pick():
 
     def measure(mask, fc):
         return fresh["".join(map(str, mask)) + (f"@{fc}" if fc else "")]
-    assert on_fresh_seeds(st, [a, d], measure, "fitted").winner == a
-    assert on_fresh_seeds(st, [a, d, e], measure, "fitted").winner == e
+    assert on_fresh_seeds(st, _candidates(st, [a, d]), measure, "fitted").winner.key == a
+    assert on_fresh_seeds(st, _candidates(st, [a, d, e]), measure, "fitted").winner.key == e
 
 
 def test_a_tie_keeps_the_pick_and_no_measure_says_why():
     a, d = "1111100000", "1011110000@l2p"
     st = _state({a: [1.0], d: [1.1]}, [a, d])
-    out = on_fresh_seeds(st, [a, d], lambda mask, fc: [0.5], "fitted")
-    assert out.winner == a  # equal fresh losses: the search's pick stays
+    out = on_fresh_seeds(st, _candidates(st, [a, d]), lambda mask, fc: [0.5], "fitted")
+    assert out.winner.key == a  # equal fresh losses: the search's pick stays
     st2 = _state({a: [1.0], d: [1.1]}, [a, d])
-    skipped = on_fresh_seeds(st2, [a, d], None, "fitted", "no references here")
-    assert skipped.winner == a and "did not run: no references here; the search's pick stays" in skipped.skipped
+    skipped = on_fresh_seeds(st2, _candidates(st2, [a, d]), None, "fitted", "no references here")
+    assert skipped.winner.key == a and "did not run: no references here; the search's pick stays" in skipped.skipped
     assert st2.fresh == {}
 
 
@@ -126,7 +136,8 @@ def test_a_search_whose_fresh_seeds_disagree_returns_the_fresh_winner(prof, tmp_
     l2p_best = min((m for m, f in searched if f == "l2p"), key=lambda m: Evaluator.base([int(c) for c in m]))
     fitted_losses = {m: Evaluator.base([int(c) for c in m]) for m, f in searched if f is None}
     pick = min(fitted_losses, key=fitted_losses.get)  # fitted's lowest loss beats every l2p one by 1.3×
-    assert fresh_calls == [(pick, None), (l2p_best, "l2p")]
+    fixed = [(pick, name) for name in ("reuse", "linear", "quadratic")]  # the fixed rules' only masks: the check's
+    assert fresh_calls == [(pick, None)] + fixed + [(l2p_best, "l2p")]
     pol = res.policy
     assert pol.forecast == "l2p" and "".join(map(str, pol.mask)) == l2p_best
     assert pol.provenance["forecast"]["chosen_by"] == "fresh seeds"
@@ -135,7 +146,7 @@ def test_a_search_whose_fresh_seeds_disagree_returns_the_fresh_winner(prof, tmp_
     assert fresh["losses"][l2p_best + "@l2p"] == pytest.approx(0.5 * 1.05 * Evaluator.base(pol.mask))
     assert pol.metrics["fresh_loss"] == fresh["losses"][l2p_best + "@l2p"]
     assert pol.metrics["loss"] == pytest.approx(1.3 * 1.05 * Evaluator.base(pol.mask))  # its search-seed loss
-    assert set(load_state(path)["fresh"]["masks"]) == {pick, l2p_best + "@l2p"}
+    assert set(load_state(path)["fresh"]["masks"]) == {pick, l2p_best + "@l2p"} | {f"{m}@{n}" for m, n in fixed}
     again = Evaluator({"l2p": 1.3}, {"l2p": 0.5})  # resumed on the finished state: nothing sampled again
     res2 = run_search(prof, SearchConfig(**CFG), again, state_path=path, provenance={"seeds": [1, 2]})
     assert again.calls == [] and res2.policy.to_dict() == pol.to_dict()
@@ -145,7 +156,7 @@ def test_agreeing_fresh_seeds_keep_the_pick(prof):
     ev = Evaluator({"l2p": 1.3}, {"l2p": 1.3})
     pol = run_search(prof, SearchConfig(**CFG), ev, provenance={"seeds": [1, 2]}).policy
     assert pol.forecast == "fitted" and pol.provenance["fresh_seeds"]["replaced"] is False
-    assert sum(fresh for _, _, fresh in ev.calls) == 2
+    assert sum(fresh for _, _, fresh in ev.calls) == 5  # the pick, each fixed rule on its mask, l2p's best
 
 
 def test_an_evaluation_that_cant_sample_fresh_seeds_says_so(prof, caplog):
@@ -157,7 +168,7 @@ def test_an_evaluation_that_cant_sample_fresh_seeds_says_so(prof, caplog):
     with caplog.at_level(logging.INFO, logger="gcache"):
         pol = run_search(prof, SearchConfig(**CFG), plain, provenance={"seeds": [1, 2]}).policy
     assert pol.forecast == "fitted" and not any(fresh for _, _, fresh in ev.calls)
-    assert "final choice on fresh seeds (2 finalists) did not run" in caplog.text
+    assert "final choice on fresh seeds (5 finalists) did not run" in caplog.text
     assert "can_sample_fresh" in pol.provenance["fresh_seeds"]["skipped"]
 
 
@@ -169,17 +180,33 @@ def test_a_fixed_rule_search_samples_no_fresh_seeds(prof):
 
 
 def test_a_state_file_made_before_the_fresh_choice_resumes_without_it(prof, tmp_path):
-    """A finished search whose file has no "fresh" entry (made by the previous GCache) returns its check's pick
-    and samples nothing; the file is read as it was."""
+    """A finished search whose file has no "fresh" entry (version 4, made by the GCache before that choice) returns
+    its check's pick and samples nothing; the file is read as it was."""
     path = str(tmp_path / "s.json")
     first = Evaluator({"l2p": 1.3}, {"l2p": 0.5})
     run_search(prof, SearchConfig(**CFG), first, state_path=path, provenance={"seeds": [1, 2]})
-    data = json.load(open(path))
+    data = as_version_4(json.load(open(path)))
     del data["fresh"]
     json.dump(data, open(path, "w"))
     again = Evaluator({"l2p": 1.3}, {"l2p": 0.5})
     pol = run_search(prof, SearchConfig(**CFG), again, state_path=path, provenance={"seeds": [1, 2]}).policy
     assert again.calls == [] and pol.forecast == "fitted" and "fresh_seeds" not in pol.provenance
+
+
+def as_version_4(data: dict) -> dict:
+    """A version-5 state file as version 4 wrote it: its measured candidates without how they were measured, the
+    forecaster check as a record of the checked candidate and each other forecaster's loss, no "choices"."""
+    own = data["config"]["forecast"]
+    checks = {k: m for k, m in data["masks"].items() if m["kind"] == "check"}
+    data["forecasters"] = {"mask": next(iter(checks.values()))["of"], "results": {
+        k.partition("@")[2] or own: {"loss": m["loss"], "per_seed": m["per_seed"]} for k, m in checks.items()}}
+    for m in data["masks"].values():
+        for field in ("kind", "s", "method", "of"):
+            m.pop(field, None)
+    del data["choices"]
+    data["fresh"] = {"masks": data["fresh"]["masks"]}
+    data["version"] = 4
+    return data
 
 
 def test_a_damaged_fresh_entry_is_refused(prof, tmp_path):

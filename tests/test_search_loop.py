@@ -195,11 +195,12 @@ def test_l2p_wins_the_start_masks_and_the_search_goes_on_with_it(fitted_prof):
     measured_before = bits in lp.state.masks
     end = lp.end_game()
     assert chosen.endswith("@l2p") and end.choice.entry["mask"] == chosen and end.check.checked.key == chosen
-    assert ev.calls == ([] if measured_before else [(bits, None)])  # the chosen mask under fitted, once
+    fixed = [(bits, name) for name in ("reuse", "linear", "quadratic")]  # and under each fixed rule, once
+    assert ev.calls == ([] if measured_before else [(bits, None)]) + fixed  # the chosen mask under fitted, once
     assert bits in lp.state.masks
     assert end.check.pick.forecaster == "l2p" and end.check.pick.key == chosen and end.check.skipped is None
     assert end.final == end.check.pick and "can_sample_fresh" in end.fresh.skipped  # Declared samples no fresh seeds
-    assert lp.state.checked["mask"] == chosen
+    assert {m.of for m in lp.state.all_measured() if m.kind == "check"} == {chosen}  # the check's, kept once
     n = len(ev.calls)
     assert lp.end_game() == end and len(ev.calls) == n  # kept in the state: not measured again
 

@@ -321,7 +321,7 @@ def test_the_lowest_loss_wins_but_never_a_polish_move_the_guard_rejected():
     masks = {"A": [1.0, 1.0, 1.0, 1.0], "G": [0.45, 1.40, 0.45, 1.40], "P": [0.90, 1.00, 0.92, 1.02], "B": noisy}
     # G: the lowest mean (0.925), 0.27 s.e. below A; P (mean 0.96): 1.4 s.e. below A, an accepted move from A
     st_ = _state([("instant", "A"), ("instant", "B"), ("gp", "G"), ("polish", "P", "A", True)], masks)
-    assert choose(st_) == (st_.history[2], "best_evaluated", False)  # CHOICE_Z = 0: G, the lowest loss
+    assert choose(st_)[:3] == (st_.history[2], "best_evaluated", False)  # CHOICE_Z = 0: G, the lowest loss
     assert choose_under(st_, strict)["mask"] == "A"
     # a move the guard rejected is no candidate, even with a gain beyond the noise over the fallback
     masks["R"], masks["H"] = [0.60, 0.61, 0.60, 0.61], [0.70, 0.70, 0.70, 0.70]

@@ -12,6 +12,7 @@ import search_fixture as fx
 from gcache.core.policy import Policy
 from gcache.core.profile import Profile
 from gcache.search.config import SearchConfig
+from gcache.search.keys import method_of
 from gcache.search.loop import run_search
 from gcache.search.state import load_state, migrated
 
@@ -79,19 +80,63 @@ def test_the_old_files_load(profile):
 
 
 def test_a_version_3_file_is_migrated_once_when_read():
-    """Version 4 keeps the check's results among the measured candidates under their keys (mask@forecaster), as
-    a check measures them now; everything else stays as it was, and a file of version 4 is read as it is."""
+    """Version 5 keeps the check's results among the measured candidates under their keys (mask@forecaster), as a
+    check measures them now, and once (no record of the checked candidate beside them); each measured candidate
+    says how it was measured (from the history entry that measured it, the final entry, or the check); "fresh" is
+    present and says the search makes no final choice on fresh seeds (it resumes as it was searched); "choices" are
+    the profile-fitted forecasters its check chose among. Everything else stays as it was, and a file of version 5
+    is read as it is."""
     old = load_state(fx.DONE)
     new = migrated(old)
     chosen, results = old["forecasters"]["mask"], old["forecasters"]["results"]
-    assert new["version"] == 4 and old["version"] == 3 and "fresh" not in new  # resumes without the fresh seeds
+    assert new["version"] == 5 and old["version"] == 3 and "forecasters" not in new
+    assert new["fresh"] == {"chooses": False, "masks": {}} and new["choices"] == ["fitted", "l2p"]
     assert list(new["masks"]) == list(old["masks"]) + [f"{chosen}@{name}" for name in results]
+    origin = next(h for h in old["history"] if h["mask"] == chosen)
     for name, r in results.items():
-        assert new["masks"][f"{chosen}@{name}"] == {"loss": r["loss"], "seconds": 0.0,
-                                                     "first": len(old["history"]), "per_seed": r["per_seed"]}
-    assert {k: v for k, v in new.items() if k not in ("version", "masks")} == \
-        {k: v for k, v in old.items() if k not in ("version", "masks")}
+        assert new["masks"][f"{chosen}@{name}"] == {
+            "loss": r["loss"], "seconds": 0.0, "first": len(old["history"]), "per_seed": r["per_seed"],
+            "kind": "check", "s": origin["s"], "method": method_of(origin), "of": chosen}
+    for key, m in old["masks"].items():
+        entry = next((h for h in old["history"] if h["mask"] == key), None)
+        how = {"kind": entry["kind"], "s": entry["s"], "method": method_of(entry)} if entry else \
+            {"kind": "final", "s": old["final"]["s"], "method": "gcache argmin mu"}
+        assert new["masks"][key] == {**m, **how}
+        assert entry or key == old["final"]["mask"]  # every measured candidate is a history entry or the final one
+    assert new["kept"] == []  # no earlier budget's policy known
+    assert {k: v for k, v in new.items() if k not in ("version", "masks", "fresh", "choices", "kept")} == \
+        {k: v for k, v in old.items() if k not in ("version", "masks", "forecasters")}
     assert migrated(new) is new and load_state(fx.DONE) == old  # the file itself is left as it is
+
+
+def test_a_version_4_file_is_migrated_once_and_resumes_as_the_search_it_was(profile, old_policy, tmp_path):
+    """The crashed old search resumed to its end and written as version 4 (the GCache before version 5: the check's
+    record apart, no "choices", its "fresh" entry absent): migrated when read, it gives the same policy again,
+    sampling nothing, and a search continued from it with a larger budget goes on."""
+    path = tmp_path / "v4.search.json"
+    shutil.copy(fx.CRASHED, path)
+    search(profile, path, fx.Evaluator())
+    v5 = json.loads(path.read_text())
+    v4 = json.loads(path.read_text())
+    checks = {k: m for k, m in v4["masks"].items() if m["kind"] == "check"}
+    v4["forecasters"] = {"mask": next(iter(checks.values()))["of"], "results": {
+        k.partition("@")[2] or "fitted": {"loss": m["loss"], "per_seed": m["per_seed"]} for k, m in checks.items()}}
+    for m in v4["masks"].values():
+        for field in ("kind", "s", "method", "of"):
+            m.pop(field, None)
+    del v4["choices"], v4["fresh"]
+    v4["version"] = 4
+    path.write_text(json.dumps(v4))
+    assert migrated(load_state(str(path))) == v5  # the same content, once migrated
+    ev = fx.Evaluator()
+    res = search(profile, path, ev)
+    assert ev.calls == [] and json.loads(path.read_text()) == v4  # nothing sampled, nothing written
+    same_policy(res.policy, old_policy)
+    more = fx.Evaluator()
+    res2 = run_search(profile, SearchConfig(**dict(fx.CONFIG, budget=fx.CONFIG["budget"] + 4)), more,
+                      state_path=str(path), provenance=fx.PROVENANCE)
+    assert more.calls and json.loads(path.read_text())["version"] == 5 and len(res2.history) == fx.CONFIG["budget"] + 4
+    assert res2.policy.metrics["loss"] <= res.policy.metrics["loss"]
 
 
 def test_a_finished_old_search_gives_its_policy_again_without_sampling(profile, old_policy, tmp_path):
@@ -120,14 +165,14 @@ def test_a_crashed_old_search_resumes_to_the_same_end(profile, old_policy, tmp_p
 
 
 def test_a_search_run_now_measures_the_old_start_masks_and_every_other_fitted_forecasters(profile, tmp_path):
-    """Version 4: the old search's start masks with the same losses, then l2p's instant masks applied with l2p (the
+    """Today: the old search's start masks with the same losses, then l2p's instant masks applied with l2p (the
     masks instant_policy gives, each measured with forecast="l2p"), then the TeaCache-like mask."""
     from gcache.search.instant import instant_policy
     path = tmp_path / "new.search.json"
     ev = fx.Evaluator()
     search(profile, path, ev)
     new, old = json.loads(path.read_text()), load_state(fx.DONE)
-    assert new["version"] == 4 and old["version"] == 3
+    assert new["version"] == 5 and old["version"] == 3
     own = [h for h in old["history"] if h["kind"] == "instant" and h["method"] != "teacache"]
     l2p = [h for h in new["history"] if h["kind"] == "instant" and "_l2p" in h["method"]]
     assert [without_timings(h) for h in new["history"][:len(own)]] == [without_timings(h) for h in own]
