@@ -211,8 +211,8 @@ def gcache_forecasters() -> list[str]:
 def among(state: SearchState, profile: Profile, own: str) -> list[str]:
     """The forecasters this search's end game chooses among (SearchState.choices), its own first, less those whose
     parameters this profile can't fit (l2p needs the Gram statistics)."""
-    fits = can_fit(profile)
-    return [n for n in state.choices if n == own or fits(n)]
+    fits = can_fit(profile)  # a fixed rule (reuse, linear, quadratic) fits nothing: it applies on any profile
+    return [n for n in state.choices if n == own or not forecasters.get(n).needs_profile or fits(n)]
 
 
 def _losses(m: Union[Measured, Mapping]) -> Mapping:

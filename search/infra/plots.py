@@ -82,8 +82,16 @@ def _mask_row(draw: ImageDraw.ImageDraw, top: int, mask: Sequence[int], title: s
 def ringed(result_or_state, state: SearchState):
     """The history entry the plot rings: the final policy's (a SearchResult's end game: after the fresh seeds replaced
     the pick, the finalist that won), else the mask the search would return now (choice.choose)."""
-    final = getattr(getattr(result_or_state, "end", None), "final", None)
-    return final.entry if final is not None else choose(state).entry
+    final = getattr(getattr(result_or_state, "end", None), "final", None)  # end_game.Candidate
+    if final is None:
+        return choose(state).entry
+    entries = list(state.history) + list(state.all_finals()) + list(state.kept_entries())
+    own = next((e for e in entries if e["mask"] == final.key), None)
+    if own is not None:
+        return own
+    # a forecaster check's variant has no history entry: it is ringed where it was measured
+    return {"i": final.measured.first, "loss": final.loss, "mask": final.key,
+            "s": None if final.s is None else list(final.s)}
 
 
 def plot_search(result_or_state, times: Optional[Sequence[float]] = None) -> Image.Image:
@@ -116,7 +124,7 @@ def plot_search(result_or_state, times: Optional[Sequence[float]] = None) -> Ima
               ("argmin mu", COLORS["final"])])
     winner = ringed(result_or_state, state)
     if winner is not None:  # the chosen mask: a ring around its point
-        x = len(hist) if winner is fin else winner["i"]
+        x = len(hist) if winner is fin else winner.get("i", len(hist))
         p.dot(x, f(winner["loss"]), COLORS["best"], r=8, hollow=True)
 
     # w(t): the chosen s, or (when an instant mask won) the best learned one
