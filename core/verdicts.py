@@ -27,7 +27,7 @@ from .selfcheck import FAIL, NOT_CHECKED, PASS, RESULTS
 
 RECORD_FORMAT = "gcache.selfcheck"
 RECORD_VERSION = 1
-# what a verdict is about: a change to any one checks again (compute: the settings it ran under, TF32 and the cast dtype)
+# what a verdict is about: a change to any one checks again (compute: the settings it ran under, TF32, cast dtype)
 SUBJECT = ("key", "family", "comfyui", "code", "gcache", "compute")
 TEXT = ("result", "why", "dtype", "model", "date", "statistic") + SUBJECT
 NUMBERS = ("error", "tolerance", "group_error", "group_tolerance", "fails")

@@ -292,7 +292,7 @@ def test_a_patch_that_changes_the_image_tokens_never_fails_the_prompt(caplog):
 
 
 # ------------------------------------------------------------------------------ what would see the self-check's replay
-def _stateful_cache_wrapper(executor, *args, **kwargs):  # a third-party cache pack's APPLY_MODEL wrapper (TeaCache-like)
+def _stateful_cache_wrapper(executor, *args, **kwargs):  # a third-party cache pack's APPLY_MODEL wrapper
     return executor(*args, **kwargs)
 
 

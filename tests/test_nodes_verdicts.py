@@ -36,7 +36,8 @@ def test_a_verdict_is_recorded_and_seen_by_the_next_lookup(tmp_path):
     assert verdicts.failed_once(s) is None
     assert s.record(PASS)["result"] == "fail"  # a fail that repeated stays
     assert verdicts.recorded_fail(subject(tmp_path, comfyui="0.38.0")) is None  # another ComfyUI: checked again
-    assert verdicts.recorded_fail(subject(tmp_path, compute="tf32 matmul on, conv on, cast none")) is None  # other compute settings
+    other = subject(tmp_path, compute="tf32 matmul on, conv on, cast none")
+    assert verdicts.recorded_fail(other) is None  # other compute settings: checked again
     assert subject("").record(FAIL)["result"] == "fail" and subject("").recorded() is None  # no folder: nothing kept
     assert "GCache checks again when the model, ComfyUI, GCache or the compute settings change" in \
         verdicts.refusal(s.recorded(), s)
@@ -109,8 +110,8 @@ def test_one_line_per_verdict_and_the_same_text_on_the_node(result, level, words
     s = subject(tmp_path, node_id="7")
     if result == "fail twice":
         s.record(FAIL)
-    outcome = {"pass": PASS, "fail": FAIL, "fail twice": FAIL, "not checked": Outcome(why="ComfyUI's MultiGPU CFG split runs this call in a "
-                                                                      "thread of its own device")}[result]
+    split = Outcome(why="ComfyUI's MultiGPU CFG split runs this call in a thread of its own device")
+    outcome = {"pass": PASS, "fail": FAIL, "fail twice": FAIL, "not checked": split}[result]
     with caplog.at_level(logging.INFO, logger="gcache"):
         verdicts.say(s.record(outcome), s)
     records = [r for r in caplog.records if r.name == "gcache"]

@@ -5,7 +5,8 @@ COMFYUI_PATH points to (nodes/patching/selfcheck.py, nodes/modes/verdicts.py, co
   at float32: test_family_matrix.py).
 - Four negative controls, each built here by monkeypatching (never a shipped code path), are caught at run 1 of
   GCache Apply (auto) ("failed once"), again at run 2 with one log line naming the model, family, ComfyUI version,
-  the error and where to report, and run 3 is bit-equal to the model alone: image tokens taken from the wrong end of a joint stream (the HunyuanVideo
+  the error and where to report, and run 3 is bit-equal to the model alone: image tokens taken from the wrong end
+  of a joint stream (the HunyuanVideo
   class), blocks that write into their input with the engine's snapshot of h turned off (the LTXV class), a stream
   left out of the cache (Flux's text stream; on 0.33 the LTX-2 audio class), a block patch the loop never calls.
 - A recorded fail turns skipping off in every mode: Apply with a saved or connected policy computes every step and

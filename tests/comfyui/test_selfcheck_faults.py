@@ -58,7 +58,8 @@ def edited(monkeypatch, cls, method: str, *changes: tuple) -> None:
 
 
 def ksample(model, pos, neg, lat, steps, cfg=1.0):
-    return comfy_nodes.common_ksampler(model, 0, steps, cfg, "euler", "simple", pos, neg, {"samples": lat})[0]["samples"]
+    out = comfy_nodes.common_ksampler(model, 0, steps, cfg, "euler", "simple", pos, neg, {"samples": lat})
+    return out[0]["samples"]
 
 
 def verdict_of(model, pos, neg, lat, folder, steps=2, cfg=1.0) -> dict:
@@ -145,7 +146,8 @@ def test_a_long_skip_from_the_stacks_entry_passes_behind_the_same_head(monkeypat
     edited(monkeypatch, flux_model.Flux, "forward_orig",
            ("        for i, block in enumerate(self.double_blocks):\n",
             "        skip_long = img.clone()\n        for i, block in enumerate(self.double_blocks):\n"),
-           ("        img = img[:, txt.shape[1] :, ...]\n", "        img = img[:, txt.shape[1] :, ...] + 0.1 * skip_long\n"))
+           ("        img = img[:, txt.shape[1] :, ...]\n",
+            "        img = img[:, txt.shape[1] :, ...] + 0.1 * skip_long\n"))
     m, pos, neg, lat = tm.flux(hidden_size=256, depth=1, side=64)
     with_head_in(m, torch.bfloat16)
     assert_passes(verdict_of(m, pos, neg, lat, tmp_path))
