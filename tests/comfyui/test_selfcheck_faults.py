@@ -135,8 +135,8 @@ def test_a_long_skip_over_in_place_blocks_fails_behind_a_bfloat16_head(monkeypat
     m, pos, neg, lat = tm.flux(hidden_size=256, depth=1, side=64)
     with_head_in(m, torch.bfloat16)
     v = verdict_of(m, pos, neg, lat, tmp_path)
-    assert v["dtype"] == "bfloat16" and v["statistic"] == "group"
     assert_fails(v)
+    assert v["dtype"] == "bfloat16" and v["statistic"] == "group"
 
 
 def test_a_long_skip_from_the_stacks_entry_passes_behind_the_same_head(monkeypatch, tmp_path):
@@ -166,8 +166,8 @@ def test_a_float32_model_whose_output_is_cast_to_bfloat16_outside_any_layer_pass
     edited(monkeypatch, flux_model.Flux, "forward_orig", (line, line + "        img = img.to(torch.bfloat16)\n"))
     m, pos, neg, lat = tm.flux(hidden_size=256, depth=1, side=64)
     v = verdict_of(m, pos, neg, lat, tmp_path, cfg=3.0, steps=3)
-    assert v["dtype"] == "bfloat16"
     assert_passes(v)
+    assert v["dtype"] == "bfloat16"
 
 
 
@@ -259,3 +259,24 @@ def test_a_third_party_wrapper_inside_gcaches_model_call_leaves_the_check_not_ch
     v = checks_of(Profile.load(path).meta)[0]
     assert v["result"] == "not checked" and "teacache_pack.nodes" in v["why"] and "would see the replay" in v["why"]
     assert len(calls) == 2  # the model's two calls, none replayed
+
+
+def test_apply_with_a_policy_checks_a_model_that_failed_once_before_it_skips(gcache_dir, caplog):
+    """A first fail recorded (an earlier run's): GCache Apply with a policy that skips computes every step and checks
+    again; after that pass it skips."""
+    from gcache.core.policy import Policy
+    from gcache.core.selfcheck import Outcome
+    from gcache.nodes.modes import base as base_mode
+    m, pos, neg, lat = tm.flux()
+    subject = base_mode.ModeConfig.of_model(m, str(gcache_dir))["subject"]
+    subject.record(Outcome("fail", "the skip path's output differs from the computed step's", 0.61, 8.5e-6, "float32"))
+    Policy([1, 0, 0, 1, 0, 1]).save(str(gcache_dir / "mine.json"))
+
+    def apply():
+        caplog.clear()
+        with caplog.at_level("INFO", logger="gcache"), tm.BlockRuns(m) as runs:
+            ksample(GCacheApply.execute(m, "mine.json", "model device", "remap").result[0], pos, neg, lat, 6)
+        return runs.n
+    assert apply() == 6 and said(caplog, "failed once; this run computes every step and checks it again")
+    assert said(caplog, "GCache self-check passed for Flux")
+    assert apply() == 3 and not said(caplog, "GCache self-check")
