@@ -172,6 +172,8 @@ SCRIPTS = [  # script, what it measures, its run in bench/runs.py (or its durati
     ("bench/cluster.py", "the search on 2 Ray workers against the sequential search: speed and quality", "cluster_64",
      "Ray"),
     ("bench/route_quality.py", "block-stack caching against the whole-model fallback", "route_quality", "ComfyUI"),
+    ("bench/selfcheck_margins.py", "the self-check's margins on correct models, per family and dtype",
+     "selfcheck_margins", "ComfyUI"),
     ("bench/peers.py", "GCache Apply (auto) beside ComfyUI's EasyCache and LazyCache on the trained tiny Flux and Wan",
      "peers", "ComfyUI"),
     ("bench/trained_figures.py", "composition, the self-check's margin, auto's predicted speed-up and the few-steps "
@@ -1007,3 +1009,38 @@ def choice_regret_prose(results) -> str:
             f"on average and {num(old['worst'], '.2f')} dB at worst, where no margin had {num(new['median'], '.2f')}, "
             f"{num(new['mean'], '.2f')} and {num(new['worst'], '.2f')} dB (better in {better} of {len(rows)} searches, "
             f"worse in {worse}, tied in {len(rows) - better - worse})")
+
+
+# ------------------------------------------------------------------------------------------------ self-check margins
+MARGIN_FAMILIES = {"flux": "Flux", "hunyuan_video": "HunyuanVideo", "lumina2": "Lumina 2", "ltxv": "LTXV",
+                   "hidream": "HiDream", "chroma": "Chroma", "cosmos_predict2": "Cosmos Predict2",
+                   "qwen_image": "Qwen-Image", "ltx2": "LTX-2", "z_image": "Z-Image", "krea2": "Krea 2",
+                   "joyimage": "JoyImage"}
+MARGIN_SIZES = {"flux_4096_tokens_bfloat16": "Flux, 4096 image tokens (hidden 256, 128×128 latent), bfloat16",
+                "flux_float32_stack_bfloat16_head": "Flux, float32 stack before a bfloat16 head (hidden 256, 64×64)",
+                "flux_output_cast_to_bfloat16": "Flux, float32 stack and head, output cast to bfloat16 outside any "
+                                                "layer"}
+
+
+def _margin_cell(r: dict) -> str:
+    """'12.3× (element 12.3×, group 45.6×)'; 'exact' where the replay equalled the computed output."""
+    if r["result"] != "pass":
+        return f"**{r['result']}**"
+    if r["margin"] is None:
+        return "exact"
+    parts = [f"{k} {num(r[f'{k}_margin'], '.1f')}×" for k in ("element", "group") if r[f"{k}_margin"] is not None]
+    return f"{num(r['margin'], '.1f')}× ({', '.join(parts)})"
+
+
+def _margins_table(results, run: str) -> str:
+    r = results(run)
+    dtypes = ("float32", "bfloat16", "float16")
+    rows = [(MARGIN_FAMILIES.get(fam, fam), *(_margin_cell(by[d]) if d in by else "" for d in dtypes))
+            for fam, by in r["families"].items()]
+    rows += [(MARGIN_SIZES.get(name, name), *(_margin_cell(row) if d == row["dtype"] else "" for d in dtypes))
+             for name, row in r["sizes"].items()]  # in the column of the dtype its allowance was measured in
+    return table(["correct model (ComfyUI " + r["comfyui"] + ")", *dtypes], rows)
+
+
+for _run in ("selfcheck_margins", "selfcheck_margins_0.3.64"):
+    block(f"{_run}.table")(lambda results, _run=_run: _margins_table(results, _run))

@@ -47,6 +47,10 @@ COMFYUI_0364_ENV, COMFYUI_0364_PYTHON = (("COMFYUI_PATH", "../comfyui-0.3.64"),)
 COMPOSITION = ("bench/composition.py", "tests/comfyui/composition_cases.py", "tests/comfyui/tiny_models.py",
                "nodes/patching", "nodes/apply_node.py", "nodes/modes/apply.py", "nodes/modes/base.py",
                "core/engine.py", "core/policy.py", "core/forecasters")
+# What the self-check's margins depend on: the check, the patches it replays through, the tiny models
+SELFCHECK = ("bench/selfcheck_margins.py", "core", "nodes/patching", "nodes/modes", "tests/comfyui/tiny_models.py",
+             "tests/comfyui/tiny_image_models.py", "tests/comfyui/tiny_video_models.py",
+             "tests/comfyui/tiny_image_models_033.py", "tests/comfyui/tiny_video_models_033.py")
 SPEED = ("bench/speed.py", "bench/speed_harness.py", "bench/speed_models.py", "bench/speed_comfy.py", "core",
          "search/baselines.py")
 
@@ -113,6 +117,10 @@ RUNS = {r.name: r for r in (
     Run("route_quality", "gcache.bench.route_quality", (), ("bench/route_quality.py", "core", "search", "nodes",
                                                            "tests/comfyui/tiny_image_models_033.py"),
         minutes=4, needs="comfyui", env=COMFYUI_ENV, python=COMFYUI_PYTHON),
+    Run("selfcheck_margins", "gcache.bench.selfcheck_margins", (), SELFCHECK, minutes=6, needs="comfyui",
+        env=COMFYUI_ENV, python=COMFYUI_PYTHON),
+    Run("selfcheck_margins_0.3.64", "gcache.bench.selfcheck_margins", (), SELFCHECK, minutes=4, needs="comfyui",
+        env=COMFYUI_0364_ENV, python=COMFYUI_0364_PYTHON),
     Run("composition", "gcache.bench.composition", ("--comfyui", "0.33.0"), COMPOSITION, minutes=0.5,
         needs="comfyui", env=COMFYUI_ENV, python=COMFYUI_PYTHON),
     Run("composition_0.3.64", "gcache.bench.composition", ("--comfyui", "0.3.64"), COMPOSITION, minutes=0.5,

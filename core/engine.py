@@ -391,11 +391,13 @@ class ResidualCache:
         replayed through the skip path. What the statistics and the observers see does not change."""
         self._held = HeldCall()  # (a stack entered and never left before stays pending: the next entry replaces it)
 
-    def replay(self) -> None:
+    def replay(self, nudge: float = 0.0) -> None:
         """From now on each stack entry skips with the held δ of the computed pass of the same order (no statistics,
         no observer, no stored δ touched) and its exit returns h + δ, until release()."""
         if self._held is None:
             raise RuntimeError("ResidualCache.replay() without hold().")
+        if self._held.replaying or nudge:  # once more from the first pass, h + δ nudged (the rounding floor)
+            self._held.again(nudge)
         self._held.replaying = True
 
     def held_count(self) -> ReplayCount:

@@ -16,6 +16,7 @@ from typing import Hashable, Optional, Sequence
 import torch
 
 from .errors import GCacheError
+from .selfcheck import nudged
 
 
 class ReplayBroken(GCacheError):
@@ -39,6 +40,7 @@ class HeldCall:
         self.passes: list[tuple[list, int, Optional[int], list[torch.Tensor]]] = []  # (keys, chunks, step, δ per chunk)
         self.count = ReplayCount()
         self.replaying = False
+        self.nudge = 0.0  # a replay of the rounding floor: h + δ moved by ±nudge·max(|h|, |h + δ|) (selfcheck.nudged)
         self._pending: Optional[tuple] = None  # (h, keys, chunks, step, δ per chunk) of the replayed entry
 
     # ---------------------------------------------------------------- the computed call
@@ -68,6 +70,8 @@ class HeldCall:
                     for p, d in zip(parts, deltas)):  # (δ's device: cache_device)
             raise ReplayBroken(f"the replay's block-stack input {tuple(h.shape)} {h.dtype} does not match the "
                                f"computed call's ({[tuple(d.shape) for d in deltas]})")
+        if self.nudge:
+            deltas = [nudged(p, d, self.nudge, 64 * i + j) for j, (p, d) in enumerate(zip(parts, deltas))]
         self._pending = (h, list(keys), chunks, step, deltas)
 
     def exit(self) -> tuple:
@@ -81,3 +85,9 @@ class HeldCall:
 
     def abort(self) -> None:
         self._pending = None
+
+    def again(self, nudge: float) -> None:
+        """Make the replay once more from the first pass, its h + δ nudged by `nudge` units (the floor's replay)."""
+        self.count.entries = self.count.exits = 0
+        self._pending = None
+        self.nudge = float(nudge)

@@ -1,16 +1,18 @@
 """The self-check's verdicts as GCache keeps them (selfcheck.py says what a check measures). JSON only.
 
 - The record file (models/gcache/selfcheck.json in ComfyUI): one verdict per model (its weights key), family adapter,
-  ComfyUI version (and the model's code) and GCache version. A fail there turns skipping off for that model until one
-  of them changes; it is never overwritten by a later pass (no later run checks it again), and never evicted for
+  ComfyUI version (and the model's code), GCache version and compute settings. A first fail is checked again by the
+  next run (every step computed meanwhile); a second fail of the same subject turns skipping off for that model until
+  one of them changes, and is never overwritten by a later pass (no later run checks it again), and never evicted for
   room: passes go first, a fail only once a newer fail of the same model replaces it. Written atomically,
   under a lock; a damaged file raises DamagedRecord (the caller sets it aside).
 - A profile's meta "selfcheck": the verdicts of the runs it holds, one per environment (merged profiles keep both
   sides'; a fail wins over a pass of the same environment).
 - A policy's provenance "selfcheck": the verdicts of the profile it was made from.
 
-A verdict is a flat dict: result ("pass" | "fail" | "not checked"), why, error, tolerance, dtype, model, key,
-family, comfyui, code, gcache, date.
+A verdict is a flat dict: result ("pass" | "fail" | "not checked"), why, error, tolerance (the deciding statistic's:
+statistic), group_error, group_tolerance, dtype, fails (runs in a row that failed; a fail is kept for good at
+CONFIRMED), model, key, family, comfyui, code, gcache, compute (TF32 and the cast dtype it ran under), date.
 """
 from __future__ import annotations
 
@@ -25,9 +27,11 @@ from .selfcheck import FAIL, NOT_CHECKED, PASS, RESULTS
 
 RECORD_FORMAT = "gcache.selfcheck"
 RECORD_VERSION = 1
-SUBJECT = ("key", "family", "comfyui", "code", "gcache")  # what a verdict is about: a change to any one checks again
-TEXT = ("result", "why", "dtype", "model", "date") + SUBJECT
-NUMBERS = ("error", "tolerance")
+# what a verdict is about: a change to any one checks again (compute: the settings it ran under, TF32, cast dtype)
+SUBJECT = ("key", "family", "comfyui", "code", "gcache", "compute")
+TEXT = ("result", "why", "dtype", "model", "date", "statistic") + SUBJECT
+NUMBERS = ("error", "tolerance", "group_error", "group_tolerance", "fails")
+CONFIRMED = 2  # fails of one subject that keep skipping off for good: one fail alone is checked again (issue 47)
 MAX_RECORDS = 1024  # verdicts kept in the record file (the latest; fails beyond it, VerdictBook.put); a few hundred
 #                    bytes each
 MAX_IN_META = 16    # verdicts kept in a profile's meta and a policy's provenance
@@ -39,6 +43,19 @@ class DamagedRecord(GCacheError):
 
 def subject_key(v: Mapping) -> str:
     return "|".join(str(v.get(f, "")) for f in SUBJECT)
+
+
+def fails(v: Mapping) -> int:
+    """How many runs in a row failed this subject's check (a fail recorded before the count was kept: for good)."""
+    if v.get("result") != FAIL:
+        return 0
+    n = v.get("fails")
+    return CONFIRMED if n is None else int(n)
+
+
+def confirmed(v: Optional[Mapping]) -> bool:
+    """A fail kept for good: the same subject failed twice (a first fail is checked again on the next run)."""
+    return v is not None and fails(v) >= CONFIRMED
 
 
 def valid(v) -> bool:
@@ -71,17 +88,24 @@ class VerdictBook:
         return self.verdicts.get(subject_key(subject))
 
     def put(self, verdict: Mapping) -> dict:
-        """Keeps `verdict` (a recorded fail stays: nothing checks that subject again); returns the one kept.
+        """Keeps `verdict`; returns the one kept. A fail after a fail of the same subject is kept for good (nothing
+        checks that subject again); a first fail stays until a later run checks it again: a pass then replaces it,
+        a "not checked" does not.
 
         Past the limit the oldest pass or "not checked" goes first; a fail goes only once a newer fail of the same
         model (weights key) has replaced it. A fail nothing replaced is never forgotten: a book of such fails alone
         grows past the limit (each one a model that failed, a few hundred bytes), and then keeps the newest other
         verdict beside them."""
         v = clean(verdict)
+        if v["result"] == FAIL and v["fails"] is None:  # a run's own fail (a record read from a file has its count)
+            v["fails"] = 1.0
         key = subject_key(v)
         old = self.verdicts.get(key)
-        if old is not None and old["result"] == FAIL and v["result"] != FAIL:
-            return old
+        if old is not None and old["result"] == FAIL:
+            if confirmed(old) or v["result"] == NOT_CHECKED:
+                return old
+            if v["result"] == FAIL:
+                v["fails"] = float(min(fails(old) + fails(v), CONFIRMED))
         self.verdicts.pop(key, None)
         self.verdicts[key] = v
         while len(self.verdicts) > self.limit:
@@ -176,7 +200,8 @@ def merged_checks(meta_a: Mapping, meta_b: Mapping) -> list[dict]:
 
 
 def failed(checks: list[dict]) -> Optional[dict]:
-    """The first failed verdict among `checks` (None: none failed)."""
+    """The first failed verdict among `checks` (None: none failed), a first fail too: a profile recorded in a run
+    whose check failed makes nothing that skips."""
     return next((v for v in checks if v["result"] == FAIL), None)
 
 

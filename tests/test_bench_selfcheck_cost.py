@@ -18,9 +18,10 @@ def test_the_bench_runs_at_tiny_size_and_its_figures_follow_from_its_runs(monkey
     assert r["extra_s"] == pytest.approx(r["with_s"] - r["without_s"], abs=2e-5)
     assert r["extra_stack_passes"] == pytest.approx(r["extra_s"] / r["stack_pass_s"], rel=0.01, abs=0.01)
     assert len(r["pairs_stack_passes_q1_median_q3"]) == 3 and r["stacks"] == 1  # timings themselves: bench/ only
-    assert r["verdict"].startswith("error ") and "tolerance" in r["verdict"]  # the replay reproduced the step
-    err, tol = (float(r["verdict"].split()[i].rstrip(",")) for i in (1, 3))
-    assert err <= tol
+    assert r["verdict"].startswith("element error ") and "; group error " in r["verdict"]  # the replay reproduced it
+    for part in r["verdict"].split("; "):
+        err, tol = (float(part.split()[i].rstrip(",")) for i in (2, 4))
+        assert err <= tol
 
 
 @pytest.mark.parametrize("args, said", [(["--steps", "2"], "argument --steps: 2 is below 3"),

@@ -289,3 +289,42 @@ def test_a_patch_that_changes_the_image_tokens_never_fails_the_prompt(caplog):
     assert all(torch.equal(g[1], r[1]) for g, r in zip(got, ref))  # the patched calls: as without GCache
     assert caplog.text.count("changed the block stack's image tokens") == 1 and run.disabled is None
     assert run.close().block_runs[(0, 0)] == 2  # the plain calls still skipped steps 1 and 3
+
+
+# ------------------------------------------------------------------------------ what would see the self-check's replay
+def _stateful_cache_wrapper(executor, *args, **kwargs):  # a third-party cache pack's APPLY_MODEL wrapper
+    return executor(*args, **kwargs)
+
+
+_stateful_cache_wrapper.__module__ = "teacache_pack.nodes"
+
+
+def test_other_nodes_code_inside_gcaches_model_call_is_named_and_comfyuis_own_is_not():
+    """Issue 47: the replay calls the rest of the APPLY_MODEL chain a second time; a third-party cache there would
+    count it, or serve it from its own cache. What runs inside GCache's wrapper is named; ComfyUI's and GCache's own
+    are known safe; what runs outside it (wrappers before GCache's) never sees the replay."""
+    import functools
+    from types import SimpleNamespace
+
+    from gcache.nodes.patching.foreign import unknown_wrappers
+
+    def comfy_wrapper(executor, *a, **kw):
+        return executor(*a, **kw)
+    comfy_wrapper.__module__ = "comfy_extras.nodes_something"
+    gcache_wrapper = SimpleNamespace(gcache_owner="o", __call__=None)
+    chain = SimpleNamespace(wrappers=[_stateful_cache_wrapper, gcache_wrapper, comfy_wrapper], idx=1)  # GCache's is 1
+    assert unknown_wrappers(chain, {}) == []  # the third-party one runs before GCache's: it sees one call
+    chain.wrappers = [gcache_wrapper, functools.partial(_stateful_cache_wrapper), comfy_wrapper]
+    chain.idx = 0
+    assert unknown_wrappers(chain, {}) == ["teacache_pack.nodes._stateful_cache_wrapper"]
+    topts = {"wrappers": {"diffusion_model": {"teacache": [_stateful_cache_wrapper]}, "outer_sample": {"x": [len]}}}
+    assert unknown_wrappers(SimpleNamespace(), topts) == ["teacache_pack.nodes._stateful_cache_wrapper"]
+
+    class Model(torch.nn.Module):
+        def forward_orig(self, x):
+            return x
+    dm = Model()
+    dm.helper = len  # an attribute that patches no method of the class
+    assert unknown_wrappers(None, None, dm) == []
+    dm.forward_orig = _stateful_cache_wrapper  # ModelPatcher's object patch of a cache pack
+    assert unknown_wrappers(None, None, dm) == ["teacache_pack.nodes._stateful_cache_wrapper"]

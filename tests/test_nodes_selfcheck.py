@@ -268,7 +268,8 @@ class InterruptProcessingException(Exception):
 
 
 def test_what_a_raising_replay_means_fail_or_not_checked(monkeypatch):
-    """Only out of memory and a user's interrupt are "not checked" (the interrupt then stops the prompt); an exception
+    """Only out of memory (cuBLAS/cuDNN's allocation failures too) and a user's interrupt are "not checked" (the
+    interrupt then stops the prompt); an exception
     of the skip path itself, or of the model's code on the skipped stream, is a fail: a skipped step would raise it."""
     def outcome_of(error, where="middle"):
         check = RunCheck(ADAPTER, len(SIGMAS) - 2)
@@ -277,7 +278,10 @@ def test_what_a_raising_replay_means_fail_or_not_checked(monkeypatch):
 
     plain, _, _ = sample(Toy(None))
     for oom in (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
-                RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 4 GB")):
+                RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 4 GB"),
+                # issue 47: memory pressure in cuBLAS/cuDNN's workspaces was a fail, kept for good
+                RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
+                RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED")):
         outcome, out, _ = outcome_of(oom)
         assert torch.equal(out, plain) and outcome.result == NOT_CHECKED and "out of memory" in outcome.why, outcome
     outcome, out, run = outcome_of(RuntimeError("Tensors must have same number of dimensions"))
@@ -317,7 +321,7 @@ def test_a_fault_of_the_checks_own_code_is_not_a_fail(monkeypatch):
 
     def broken(*a, **kw):
         raise KeyError("a bug of the check")
-    monkeypatch.setattr(sc, "replay_error", broken)
+    monkeypatch.setattr(sc, "measure", broken)
     plain, out, outcome, _, _ = checked()
     assert torch.equal(out, plain) and outcome.result == NOT_CHECKED, outcome
     assert "the self-check's own code raised KeyError" in outcome.why and "please report" in outcome.why

@@ -30,11 +30,27 @@ def test_a_verdict_is_recorded_and_seen_by_the_next_lookup(tmp_path):
     s = subject(tmp_path)
     assert s.recorded() is None and verdicts.recorded_fail(s) is None
     assert s.record(PASS)["result"] == "pass" and s.recorded()["result"] == "pass"
-    assert s.record(FAIL)["result"] == "fail" and verdicts.recorded_fail(s)["error"] == 0.61
-    assert s.record(PASS)["result"] == "fail"  # a fail stays
+    assert s.record(FAIL)["result"] == "fail" and verdicts.recorded_fail(s) is None  # a first fail: checked again
+    assert verdicts.failed_once(s)["error"] == 0.61
+    assert s.record(FAIL)["result"] == "fail" and verdicts.recorded_fail(s)["error"] == 0.61  # twice: for good
+    assert verdicts.failed_once(s) is None
+    assert s.record(PASS)["result"] == "fail"  # a fail that repeated stays
     assert verdicts.recorded_fail(subject(tmp_path, comfyui="0.38.0")) is None  # another ComfyUI: checked again
+    other = subject(tmp_path, compute="tf32 matmul on, conv on, cast none")
+    assert verdicts.recorded_fail(other) is None  # other compute settings: checked again
     assert subject("").record(FAIL)["result"] == "fail" and subject("").recorded() is None  # no folder: nothing kept
-    assert "GCache checks again when the model, ComfyUI or GCache changes" in verdicts.refusal(s.recorded(), s)
+    assert "GCache checks again when the model, ComfyUI, GCache or the compute settings change" in \
+        verdicts.refusal(s.recorded(), s)
+
+
+def test_the_compute_settings_are_tf32_and_the_cast_dtype():
+    from types import SimpleNamespace as NS
+    old = NS(cuda=NS(matmul=NS(allow_tf32=False)), cudnn=NS(allow_tf32=True))  # torch before 2.9
+    assert verdicts.compute_settings(NS(manual_cast_dtype=None), old) == "tf32 matmul off, conv on, cast none"
+    new = NS(cuda=NS(matmul=NS(fp32_precision="tf32")), cudnn=NS(fp32_precision="ieee"))
+    assert verdicts.compute_settings(NS(manual_cast_dtype=torch.bfloat16), new) == \
+        "tf32 matmul on, conv off, cast bfloat16"
+    assert verdicts.compute_settings(None).startswith("tf32 matmul ")  # this torch's own, whatever it is
 
 
 def test_a_damaged_record_is_set_aside_when_read_and_when_written(tmp_path, caplog):
@@ -85,19 +101,35 @@ def test_without_comfyui_the_version_is_unknown(monkeypatch):
 
 
 @pytest.mark.parametrize("result, level, words", [("pass", logging.INFO, "GCache self-check passed for"),
-                                                  ("fail", logging.ERROR, "GCache self-check FAILED for"),
+                                                  ("fail", logging.WARNING, "GCache self-check failed once for"),
+                                                  ("fail twice", logging.ERROR, "GCache self-check FAILED for"),
                                                   ("not checked", logging.INFO, "GCache self-check: not checked for")])
 def test_one_line_per_verdict_and_the_same_text_on_the_node(result, level, words, tmp_path, caplog, monkeypatch):
     shown = []
     monkeypatch.setattr(verdicts, "show", lambda node_id, text: shown.append((node_id, text)))
     s = subject(tmp_path, node_id="7")
-    outcome = {"pass": PASS, "fail": FAIL, "not checked": Outcome(why="ComfyUI's MultiGPU CFG split runs this call in "
-                                                                      "a thread of its own device")}[result]
+    if result == "fail twice":
+        s.record(FAIL)
+    split = Outcome(why="ComfyUI's MultiGPU CFG split runs this call in a thread of its own device")
+    outcome = {"pass": PASS, "fail": FAIL, "fail twice": FAIL, "not checked": split}[result]
     with caplog.at_level(logging.INFO, logger="gcache"):
         verdicts.say(s.record(outcome), s)
     records = [r for r in caplog.records if r.name == "gcache"]
     assert len(records) == 1 and records[0].levelno == level and words in records[0].getMessage()
     assert "Flux (flux) on ComfyUI 0.33.0" in records[0].getMessage()
     assert shown == [("7", records[0].getMessage())]
-    if result == "fail":
-        assert "error 0.61 > tolerance 8.5e-06 for float32" in shown[0][1] and verdicts.REPORT in shown[0][1]
+    if result.startswith("fail"):
+        assert "error 0.61 > tolerance 8.5e-06 for float32" in shown[0][1]
+        assert (verdicts.REPORT in shown[0][1]) == (result == "fail twice")
+        assert ("checking again on the next run" in shown[0][1]) == (result == "fail")
+    assert ".." not in shown[0][1]  # issue 47: "Please report this model.. GCache"
+
+
+def test_a_why_that_ends_in_a_period_makes_no_double_period(tmp_path, monkeypatch):
+    shown = []
+    monkeypatch.setattr(verdicts, "show", lambda node_id, text: shown.append(text))
+    s = subject(tmp_path, node_id="7")
+    why = "the skip path failed: The stream changed within one step. Please report this model."
+    for _ in range(2):
+        verdicts.say(s.record(Outcome("fail", why)), s)
+    assert len(shown) == 2 and all(".." not in t and "Please report this model. GCache" not in t for t in shown)

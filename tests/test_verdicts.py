@@ -14,6 +14,8 @@ from gcache.core.verdicts import (
     MAX_RECORDS,
     VerdictBook,
     checks_of,
+    clean,
+    confirmed,
     failed,
     merged_checks,
     record,
@@ -28,9 +30,11 @@ def verdict(result="pass", **kw):
     v = {"result": result, "why": "" if result == "pass" else "the skip path's output differs from the computed step's",
          "error": 2e-7 if result == "pass" else 0.61, "tolerance": 5.9e-7, "dtype": "float32", "model": "Flux",
          "key": "ab12cd34", "family": "flux", "comfyui": "0.33.0", "code": "1a2b3c4d", "gcache": "0.1.0",
-         "date": "2026-11-27 12:00 UTC"}
+         "compute": "tf32 off, cast none", "date": "2026-11-27 12:00 UTC"}
+    if result == "fail":
+        v["fails"] = 1
     v.update(kw)
-    return v
+    return clean(v)  # as GCache writes it (the fields it lacks: empty)
 
 
 def test_the_record_file_round_trips(tmp_path):
@@ -46,7 +50,8 @@ def test_the_record_file_round_trips(tmp_path):
 
 
 @pytest.mark.parametrize("field, value", [("key", "ffff0000"), ("comfyui", "0.38.0"), ("code", "99999999"),
-                                          ("gcache", "0.2.0"), ("family", "chroma")])
+                                          ("gcache", "0.2.0"), ("family", "chroma"),
+                                          ("compute", "tf32 on, cast bfloat16")])
 def test_a_change_of_model_comfyui_code_or_gcache_is_a_new_subject(tmp_path, field, value):
     path = str(tmp_path / "selfcheck.json")
     record(path, verdict("fail"))
@@ -57,14 +62,25 @@ def test_a_change_of_model_comfyui_code_or_gcache_is_a_new_subject(tmp_path, fie
     assert subject_key(verdict()) == subject_key(verdict(error=1.0, date="x", model="Other", why="y"))
 
 
-def test_a_recorded_fail_stays_and_a_pass_is_replaced(tmp_path):
+def test_a_fail_stays_once_it_repeats_and_a_pass_is_replaced(tmp_path):
+    """Issue 47: one run decided for good (a transient fault became a permanent fail). A first fail stays until the
+    next check: a pass replaces it, a "not checked" does not; the second fail in a row is kept for good."""
     path = str(tmp_path / "selfcheck.json")
     record(path, verdict(error=1e-7))
     assert record(path, verdict(error=3e-7))["error"] == 3e-7  # the latest pass stands
-    assert record(path, verdict("fail"))["result"] == "fail"
-    assert record(path, verdict("pass"))["result"] == "fail"   # nothing checks a failed subject again
+    first = record(path, verdict("fail"))
+    assert first["result"] == "fail" and first["fails"] == 1 and not confirmed(first)
+    assert record(path, verdict("not checked", error=None, tolerance=None)) == first  # says nothing: kept
+    assert record(path, verdict("pass"))["result"] == "pass"  # checked again, and it passed
+    record(path, verdict("fail"))
+    second = record(path, verdict("fail", error=0.7))
+    assert second["fails"] == 2 and confirmed(second) and second["error"] == 0.7
+    assert record(path, verdict("pass"))["result"] == "fail"   # nothing checks a subject failed twice again
+    assert record(path, verdict("fail"))["fails"] == 2
     assert record(path, verdict("not checked", error=None, tolerance=None))["result"] == "fail"
     assert len(VerdictBook.load(path).verdicts) == 1
+    legacy = {k: v for k, v in verdict("fail").items() if k != "fails"}  # recorded before the count was kept
+    assert confirmed(clean(legacy))
 
 
 @pytest.mark.parametrize("text, why", [("{", "not valid JSON"), ('{"format": "x"}', "self-check record"),

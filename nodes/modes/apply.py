@@ -8,7 +8,7 @@ reference runs).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 from ...core import forecasters
@@ -39,6 +39,11 @@ class ApplyConfig(ModeConfig):
         failed = verdicts.recorded_fail(self.subject)
         if failed is not None:
             return self._refused(failed, sched, tracker)
+        if verdicts.failed_once(self.subject) is not None and not all(pol.mask):  # checked again before it skips
+            log.warning("GCache Apply: the self-check of %s failed once; this run computes every step and checks it "
+                        "again before the policy skips.", self.subject.where())
+            return replace(self, policy=Policy.all_ones(sched.n_global), check=True).begin(patcher, run_sigmas,
+                                                                                         sample_key)
         placement = place_policy(pol, sched, times, self.on_mismatch)
         fc = forecasters.get(pol.forecast if self.forecast is None else self.forecast)
         params = pol.forecast_params if fc.name == pol.forecast and placement.mask == pol.mask else {}

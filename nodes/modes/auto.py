@@ -30,7 +30,7 @@ from ...core.io_share import IoShare
 from ...core.policy import Policy, few_computed, k_for_speedup, out_of_reach, predicted_speedup
 from ...core.profile import Profile
 from ...core.selfcheck import FAIL
-from ...core.verdicts import checks_of, failed, stamp
+from ...core.verdicts import checks_of, confirmed, failed, stamp
 from .. import artifacts
 from ..artifacts import FOLDER_FIX, cant_write
 from ..patching.adapters import Route
@@ -104,8 +104,9 @@ class AutoConfig(ModeConfig):
                 return  # Profile's own line said why nothing was added
             verdict = getattr(run.selfcheck, "verdict", None)
             if verdict is not None and verdict["result"] == FAIL:  # its own line said so; no policy that skips
-                log.warning("GCache Apply auto: no policy made for %s: its self-check failed, so every later run "
-                            "computes every step.", self.model_name)
+                log.warning("GCache Apply auto: no policy made for %s: its self-check failed%s.", self.model_name,
+                            ", so every later run computes every step" if confirmed(verdict) else
+                            " once, so the next run computes every step and checks again")
                 return
             try:  # after sampling: a file problem is logged, never raised (the image is kept)
                 prof = Profile.load(prof_path)
@@ -134,9 +135,11 @@ class AutoConfig(ModeConfig):
         return run
 
     def _unchecked(self) -> bool:
-        """The model's skip path has no verdict for this ComfyUI and GCache yet, and one can be recorded."""
+        """The model's skip path has no verdict for this ComfyUI and GCache yet (or failed once: checked again), and
+        one can be recorded."""
         return self.subject is not None and bool(self.subject.folder) and self.adapter.route != Route.FALLBACK \
-            and self.subject.recorded() is None and cant_write(self.folder) is None
+            and (self.subject.recorded() is None or verdicts.failed_once(self.subject) is not None) \
+            and cant_write(self.folder) is None
 
     def _readable(self, path: str, load, notes: list[str]):
         """The file at `path` loaded, or None when there is none; a damaged one is set aside (and None), with a

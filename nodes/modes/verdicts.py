@@ -4,9 +4,10 @@ models/gcache/selfcheck.json (core/verdicts.py) and what the user sees. Imports 
 
 A run that computes every step (GCache Profile, Apply (auto)'s first run, GCache Search's reference runs) gets a
 RunCheck (../patching/selfcheck.py) from `start_check`; at its close the outcome is recorded for its subject, logged in
-one line and shown as the GCache node's text. A recorded fail turns skipping off for that subject in every mode
-(`recorded_fail`, `refusal`); a subject changes with the model, ComfyUI, the model's code or GCache, and is then
-checked again.
+one line and shown as the GCache node's text. A first fail computes every step and is checked again by the next run
+(`failed_once`); a second fail in a row turns skipping off for that subject in every mode (`recorded_fail`,
+`refusal`); a subject changes with the model, ComfyUI, the model's code, GCache or the compute settings (TF32, the
+cast dtype), and is then checked again.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from typing import Optional
 
 from ...core.errors import GCacheError
 from ...core.selfcheck import FAIL, PASS, Outcome
-from ...core.verdicts import DamagedRecord, VerdictBook, checks_of, record
+from ...core.verdicts import DamagedRecord, VerdictBook, checks_of, confirmed, record
 from ...core.version import VERSION as GCACHE_VERSION
 from .. import artifacts
 from ..patching.adapters import FALLBACK, Adapter, Route
@@ -81,13 +82,14 @@ class Subject:
     family: str              # the adapter
     comfyui: str
     code: str                # the model's code (model_code)
+    compute: str = ""        # the compute settings it runs under (compute_settings): TF32, the cast dtype
     gcache: str = GCACHE_VERSION
     folder: str = ""         # models/gcache ("": verdicts are neither read nor recorded)
     node_id: str = ""        # the GCache node whose text shows them ("": none)
 
     def fields(self) -> dict:
         return {"model": self.model, "key": self.key, "family": self.family, "comfyui": self.comfyui,
-                "code": self.code, "gcache": self.gcache}
+                "code": self.code, "gcache": self.gcache, "compute": self.compute}
 
     def where(self) -> str:
         return f"{self.model} ({self.family}) on ComfyUI {self.comfyui}"
@@ -110,7 +112,9 @@ class Subject:
         """The verdict of a run's check, kept in the record file (when there is a folder); returns the verdict that
         stands for this subject (a recorded fail stays)."""
         verdict = dict(self.fields(), result=outcome.result, why=outcome.why, error=outcome.error,
-                       tolerance=outcome.tolerance, dtype=outcome.dtype,
+                       tolerance=outcome.tolerance, dtype=outcome.dtype, statistic=outcome.statistic,
+                       group_error=outcome.group_error, group_tolerance=outcome.group_tolerance,
+                       fails=1 if outcome.result == FAIL else None,  # this run's (the record adds the earlier ones)
                        date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
         if not self.folder:
             return verdict
@@ -147,10 +151,32 @@ def _book(path: str) -> VerdictBook:
     return kept[1]
 
 
+def compute_settings(base_model, backends=None) -> str:
+    """The settings a verdict ran under that change the model's rounding: TF32 allowed in matmuls and in convolutions
+    or not, and the dtype ComfyUI casts the weights to (its manual_cast_dtype; "none": the weights' own)."""
+    import torch
+    b = backends or torch.backends
+    cast = getattr(base_model, "manual_cast_dtype", None)
+    return (f"tf32 matmul {_tf32(b.cuda.matmul)}, conv {_tf32(b.cudnn)}, "
+            f"cast {str(cast).replace('torch.', '') if cast is not None else 'none'}")
+
+
+def _tf32(backend) -> str:
+    """'on' or 'off': torch from 2.9 says fp32_precision ("tf32" | "ieee" | "none"), older ones allow_tf32."""
+    try:
+        precision = getattr(backend, "fp32_precision", None)
+        if isinstance(precision, str) and precision != "none":
+            return "on" if precision == "tf32" else "off"
+        return "on" if bool(getattr(backend, "allow_tf32", False)) else "off"
+    except (AttributeError, RuntimeError):  # a build without the backend
+        return "off"
+
+
 def subject_of(model, adapter: Adapter, folder: str = "", node_id=None) -> Subject:
     dm = model.get_model_object("diffusion_model")
     return Subject(type(dm).__name__, model_key(model), adapter.name, comfyui_version(), model_code(dm, adapter),
-                   folder=folder or "", node_id="" if node_id is None else str(node_id))
+                   compute_settings(getattr(model, "model", None)), folder=folder or "",
+                   node_id="" if node_id is None else str(node_id))
 
 
 def _set_aside(path: str, why: str) -> bool:
@@ -212,8 +238,10 @@ def note_unverified(subject: Subject, policy_provenance: dict) -> None:
 
 # ------------------------------------------------------------------------------ what the user sees
 def describe(v: dict) -> str:
-    """'error 3.1e-07 ≤ 9.5e-07 (float32)' and what went wrong, from a verdict."""
-    return Outcome(v["result"], v.get("why", ""), v.get("error"), v.get("tolerance"), v.get("dtype", "")).describe()
+    """'element error 3.1e-07 ≤ tolerance 9.5e-07 for float32 (group error ..)' and what went wrong, from a verdict."""
+    return Outcome(v["result"], v.get("why", ""), v.get("error"), v.get("tolerance"), v.get("dtype", ""),
+                   statistic=v.get("statistic", ""), group_error=v.get("group_error"),
+                   group_tolerance=v.get("group_tolerance")).describe()
 
 
 def say(v: dict, subject: Subject) -> None:
@@ -222,29 +250,41 @@ def say(v: dict, subject: Subject) -> None:
         text = (f"GCache self-check passed for {subject.where()}: the skip path reproduced the computed step "
                 f"({describe(v)}).")
         log.info(text)
+    elif v["result"] == FAIL and not confirmed(v):
+        text = (f"GCache self-check failed once for {subject.where()} (GCache {subject.gcache}): {describe(v)}. This "
+                f"run computed every step; checking again on the next run (a second fail turns skipping off for this "
+                f"model until the model, ComfyUI or GCache changes).")
+        log.warning(text)
     elif v["result"] == FAIL:
-        text = (f"GCache self-check FAILED for {subject.where()} (GCache {subject.gcache}): {describe(v)}. GCache "
-                f"will not skip any step of this model until the model, ComfyUI or GCache changes: every step is "
-                f"computed. Please report this line at {REPORT}.")
+        text = (f"GCache self-check FAILED for {subject.where()} (GCache {subject.gcache}): {describe(v)}; it failed "
+                f"twice in a row. GCache will not skip any step of this model until the model, ComfyUI or GCache "
+                f"changes: every step is computed. Please report this line at {REPORT}.")
         log.error(text)
     else:
-        text = (f"GCache self-check: not checked for {subject.where()}: {v.get('why') or 'no reason given'}; its "
-                f"skipped steps are not verified.")
+        text = (f"GCache self-check: not checked for {subject.where()}: "
+                f"{(v.get('why') or 'no reason given').rstrip('.')}; its skipped steps are not verified.")
         log.info(text)
     show(subject.node_id, text)
 
 
 def recorded_fail(subject: Optional[Subject]) -> Optional[dict]:
-    """The fail recorded for this subject (None: none)."""
+    """The fail recorded for good for this subject (None: none; a first fail is checked again: `failed_once`)."""
     v = subject.recorded() if subject is not None else None
-    return v if v is not None and v["result"] == FAIL else None
+    return v if v is not None and v["result"] == FAIL and confirmed(v) else None
+
+
+def failed_once(subject: Optional[Subject]) -> Optional[dict]:
+    """The first fail recorded for this subject, which the next run that computes every step checks again."""
+    v = subject.recorded() if subject is not None else None
+    return v if v is not None and v["result"] == FAIL and not confirmed(v) else None
 
 
 def refusal(v: dict, subject: Subject) -> str:
     """Why a mode does not skip on a subject with a recorded fail (a sentence for the log and the node's text)."""
-    return (f"skipping is off for {subject.where()}: its self-check failed on {v.get('date', 'an earlier run')} "
-            f"({describe(v)}), so every step is computed. Please report it at {REPORT}; GCache checks again when the "
-            f"model, ComfyUI or GCache changes (or when models/gcache/{RECORD_FILE} is deleted)")
+    return (f"skipping is off for {subject.where()}: its self-check failed twice, last on "
+            f"{v.get('date', 'an earlier run')} ({describe(v)}), so every step is computed. Please report it at "
+            f"{REPORT}; GCache checks again when the model, ComfyUI, GCache or the compute settings change (or when "
+            f"models/gcache/{RECORD_FILE} is deleted)")
 
 
 def show(node_id: str, text: str) -> None:

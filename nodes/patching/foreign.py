@@ -121,3 +121,27 @@ def check_object_patches(object_patches: dict, names: Iterable[str], owner: str,
                     "Put that node before %s: GCache then calls its patch as the block.", what, len(replaced), what,
                     ", ".join(replaced[:4]) + (", …" if len(replaced) > 4 else ""), what)
     return replaced
+
+
+# ------------------------------------------------------------------------------ what sees the self-check's replay
+# ComfyUI's own code (its wrappers are stateless, or refused elsewhere: EasyCache/LazyCache, companions.py) and GCache's
+_GCACHE = __name__.split(".nodes.")[0]  # "gcache", or where ComfyUI loaded the pack from
+KNOWN_SAFE = ("comfy.", "comfy_extras.", "comfy_api.", "comfy_execution.", f"{_GCACHE}.nodes.", f"{_GCACHE}.core.")
+INSIDE_APPLY_MODEL = ("diffusion_model",)  # ComfyUI's wrapper kinds called within BaseModel._apply_model
+
+
+def unknown_wrappers(executor, transformer_options: Optional[dict], diffusion_model=None) -> list[str]:
+    """Other nodes' code that would see the self-check's replay (a second call of the step): APPLY_MODEL wrappers
+    inside GCache's (the rest of `executor`'s chain), the wrappers ComfyUI calls around the diffusion model, and
+    methods patched on the diffusion model (a cache pack's forward); ComfyUI's and GCache's own left out. A stateful
+    one (TeaCache, FBCache, MagCache) would count the replay, or serve it from its own cache."""
+    found = list(getattr(executor, "wrappers", None) or [])[getattr(executor, "idx", 0) + 1:]
+    wrappers = (transformer_options or {}).get("wrappers") or {}
+    for kind in INSIDE_APPLY_MODEL:
+        for fns in (wrappers.get(kind) or {}).values():
+            found += list(fns or [])
+    patched = getattr(diffusion_model, "__dict__", {}) if diffusion_model is not None else {}
+    found += [fn for name, fn in patched.items()  # an object patch: an instance attribute over a method of the class
+              if callable(fn) and callable(getattr(type(diffusion_model), name, None))]
+    names = [name_of(fn) for fn in found if not is_gcache(fn)]
+    return list(dict.fromkeys(n for n in names if not n.startswith(KNOWN_SAFE)))

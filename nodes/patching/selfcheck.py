@@ -12,13 +12,16 @@ entries and exits (one each per computed pass): a patch the model's loop never c
 Fail or not checked (`not_checked_why`): a replay that raises is a fail (a skipped step would go through the same
 code), except for what says nothing about the skip path: out of memory and a user's interrupt (which then goes on to
 stop the prompt). Calls the replay can't make are "not checked" too, with the reason: ComfyUI's MultiGPU CFG split, a
-computed output that is not finite, and a call where another node's patch sits in a slot of GCache's stack (SLG's
-skip, a node applied after GCache) and the replay does not reproduce it (the mismatch may be that node's). Whatever the
+computed output that is not finite, a call where another node's patch sits in a slot of GCache's stack (SLG's
+skip, a node applied after GCache) and the replay does not reproduce it (the mismatch may be that node's), and a call
+that another node's code inside GCache's model call would see replayed (foreign.unknown_wrappers: a cache pack's
+wrapper or forward patch would count the replay or serve it from its own cache). Whatever the
 replay did or raised, the lane is left as the computed call left it (LANE_STATE): the rest of the run is the run
 without the check. Nothing here fails the prompt but an interrupt.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from typing import Optional
@@ -27,8 +30,9 @@ import torch
 
 from ...core.errors import GCacheError
 from ...core.replay import ReplayBroken
-from ...core.selfcheck import Outcome, conclude, lowest_precision, replay_error, tolerance
+from ...core.selfcheck import Measured, Outcome, conclude, lowest_precision, measure, unit
 from .adapters import Adapter, Route, block_slots
+from .foreign import unknown_wrappers
 
 UNPAIRED = ("the block stack was entered but never left through GCache's patches (its last block's patch was never "
             "called)")
@@ -37,7 +41,9 @@ PATCHES = __name__.rsplit(".", 1)[0]  # the package of GCache's block patches (r
 # what a call's lane (runtime._Lane) holds between its block patches: the replay puts it back as the computed call left
 # it, also when it raised inside the stack (the lane stayed "entered": end_call took the call for one that never left)
 LANE_STATE = ("branches", "compute", "n_img", "patches", "entered", "through", "in_slot")
-OOM_WORDS = ("out of memory", "can't allocate memory")  # CUDA/MPS and the CPU allocator, raised as RuntimeError
+# CUDA/MPS and the CPU allocator, raised as RuntimeError; cuBLAS/cuDNN failing to allocate their workspace (memory
+# pressure, which the replay's held residuals make likelier) says as little about the skip path
+OOM_WORDS = ("out of memory", "can't allocate memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED")
 
 
 def oom_types(t=torch) -> tuple:
@@ -59,8 +65,9 @@ def interrupted(e: BaseException) -> bool:
 
 def not_checked_why(e: BaseException) -> Optional[str]:
     """Why an exception the replay raised leaves the call not checked, or None when it is a fail: only running out of
-    memory and a user's interrupt say nothing about the skip path; anything else a skipped step would raise too."""
-    if isinstance(e, OOM_TYPES) or (isinstance(e, RuntimeError) and any(w in str(e) for w in OOM_WORDS)):
+    memory (cuBLAS/cuDNN's allocation failures too) and a user's interrupt say nothing about the skip path; anything
+    else a skipped step would raise too."""
+    if isinstance(e, OOM_TYPES) or (isinstance(e, RuntimeError) and any(w in str(e) for w in OOM_WORDS)):  # said
         return f"the replay ran out of memory ({type(e).__name__}: {e})"
     if interrupted(e):
         return f"sampling was interrupted during the replay ({type(e).__name__})"
@@ -80,7 +87,7 @@ class RunCheck:
         self.step = step            # None: nothing to check in this run (why_not says why)
         self.why_not = why_not
         self.done: set = set()      # the branch sets already checked
-        self.errors: list = []      # (error, tolerance, dtype) per replayed call
+        self.errors: list = []      # what each replayed call measured (core.selfcheck.Measured)
         self.problems: list = []    # what went wrong (a fail)
         self.skipped: list = []     # why a call was not checked
         self._timers: list = []     # the replays' (start, end): perf_counter floats or CUDA events
@@ -101,6 +108,12 @@ class RunCheck:
         topts = (args[5] if len(args) > 5 else kwargs.get("transformer_options")) or {}
         if topts.get("multigpu_thread_device") is not None:
             self.skipped.append("ComfyUI's MultiGPU CFG split runs this call in a thread of its own device")
+            return executor(*args, **kwargs)
+        unknown = unknown_wrappers(executor, topts, getattr(getattr(executor, "class_obj", None), "diffusion_model",
+                                                            None))
+        if unknown:  # a stateful one would count the replay or serve it from its cache: a false fail, or worse
+            self.skipped.append(f"another node's code runs inside GCache's model call and would see the replay "
+                                f"({', '.join(unknown[:3])})")
             return executor(*args, **kwargs)
         if ln.through:  # an earlier call like it entered the stack and never left it through GCache's last block
             if ln.patches:
@@ -142,12 +155,12 @@ class RunCheck:
         return ""
 
     def _judge(self, shown: Optional[tuple], foreign: str) -> None:
-        """What one replayed call showed, (problems, (error, tolerance, dtype) or None), into the run's outcome. With
-        another node's patch in GCache's slots a mismatch is not the model's: that call is not checked."""
+        """What one replayed call showed, (problems, Measured or None), into the run's outcome. With another node's
+        patch in GCache's slots a mismatch is not the model's: that call is not checked."""
         if shown is None:
             return
         problems, measured = shown
-        differs = measured is not None and not measured[0] <= measured[1]
+        differs = measured is not None and measured.failed()
         if foreign and (problems or differs):
             self.skipped.append(f"{foreign}, and the replay through it did not reproduce the call")
             return
@@ -156,8 +169,9 @@ class RunCheck:
             self.errors.append(measured)
 
     def _replay(self, ln, executor, args, kwargs, out, topts) -> Optional[tuple]:
-        """Replays the held call through the skip path: (problems, (error, tolerance, dtype) or None), or None
-        when it could not be made (said in self.skipped). Never raises an Exception of the model's."""
+        """Replays the held call through the skip path, then once more with its h + δ nudged by one unit of rounding
+        (the floor, core/selfcheck.py): (problems, Measured or None), or None when it could not be made (said in
+        self.skipped). Never raises an Exception of the model's."""
         problems: list = []
         count = ln.cache.held_count()  # the computed call's
         if count.held_entries == 0:  # replayed all the same: the blocks' runs are counted, the error measured
@@ -167,15 +181,9 @@ class RunCheck:
         dm = getattr(getattr(executor, "class_obj", None), "diffusion_model", None)
         slots = block_slots(self.adapter, dm) if dm is not None else []
         calls = [0]
-        rargs, rkwargs, restore = _count_patch_calls(self.adapter, dm, slots, args, kwargs, topts, calls)
-        lane = {f: getattr(ln, f) for f in LANE_STATE}  # as the computed call left it
-        ln.compute = False  # a middle block reached without the first one must not run its block
-        ln.cache.replay()
         after = AfterStack(dm, self.adapter, calls, len(slots) * max(count.held, 1))
-        timer = _start(out)
         try:
-            with after:
-                replayed = executor(*rargs, **rkwargs)
+            replayed = self._replay_once(ln, executor, args, kwargs, out, topts, dm, slots, calls, after, 0.0)
         except ReplayBroken as e:
             return problems + [str(e)], None
         except GCacheError as e:  # the skip path itself refuses this model's stream: a skipped step would fail
@@ -190,11 +198,6 @@ class RunCheck:
             if interrupted(e):
                 raise
             return None
-        finally:
-            restore()
-            for f, v in lane.items():  # nothing of the replay carries over (a raise left the lane "entered")
-                setattr(ln, f, v)
-            self._timers.append(_stop(timer))
         count = ln.cache.held_count()
         if count.entries != count.held or count.exits != count.held:
             problems.append(f"the replay entered the block stack {count.entries} times and left it {count.exits} "
@@ -203,14 +206,42 @@ class RunCheck:
         if slots and calls[0] < expected:  # each block of each pass must go through its patch: the others ran
             problems.append(f"the blocks ran anyway: {expected - calls[0]} of {expected} block calls of the replay "
                             "did not go through GCache's patches")
+        stream = count.dtype if count.dtype is not None else getattr(dm, "dtype", None)
+        dtype = lowest_precision(path_dtypes(stream, after.dtypes, getattr(executor, "class_obj", None)))
+        try:  # the floor: the same replay, h + δ nudged by one unit of the path's lowest precision
+            nudged = self._replay_once(ln, executor, args, kwargs, out, topts, dm, slots, [0], None, unit(dtype))
+        except Exception as e:  # noqa: BLE001  the replay made it once: this one says nothing about the skip path
+            if interrupted(e):
+                self.skipped.append(f"sampling was interrupted during the replay ({type(e).__name__})")
+                raise
+            self.skipped.append(not_checked_why(e) or f"the rounding floor's replay raised {type(e).__name__}: {e}")
+            return None
         try:
-            err, rounding = replay_error(parts(out), parts(replayed), parts(_without_model(executor, args, out)))
+            share = (unit(stream) / unit(dtype)) ** 0.5 if isinstance(stream, torch.dtype) else 1.0
+            figures = measure(parts(out), parts(replayed), parts(nudged), parts(_without_model(executor, args, out)),
+                              min(share, 1.0))
         except ValueError as e:
             self.skipped.append(str(e))
             return None
-        stream = count.dtype if count.dtype is not None else getattr(dm, "dtype", None)
-        dtype = lowest_precision(path_dtypes(stream, after.dtypes, getattr(executor, "class_obj", None)))
-        return problems, (err, tolerance(dtype, rounding), str(dtype).replace("torch.", ""))
+        return problems, Measured(figures, str(dtype).replace("torch.", ""))
+
+    def _replay_once(self, ln, executor, args, kwargs, out, topts, dm, slots, calls, after, nudge):
+        """One replay of the held call (nudged by `nudge` units when > 0), its block patches counted into calls[0] and
+        the dtypes after the stack into `after` (an AfterStack, or None); the lane left as the computed call left it
+        whatever happens. Returns the replayed output; raises what the replay raised."""
+        rargs, rkwargs, restore = _count_patch_calls(self.adapter, dm, slots, args, kwargs, topts, calls)
+        lane = {f: getattr(ln, f) for f in LANE_STATE}  # as the computed call left it
+        ln.compute = False  # a middle block reached without the first one must not run its block
+        ln.cache.replay(nudge)
+        timer = _start(out)
+        try:
+            with (after if after is not None else contextlib.nullcontext()):
+                return executor(*rargs, **rkwargs)
+        finally:
+            restore()
+            for f, v in lane.items():  # nothing of the replay carries over (a raise left the lane "entered")
+                setattr(ln, f, v)
+            self._timers.append(_stop(timer))
 
     # ---------------------------------------------------------------- end of the run
     def outcome(self) -> Outcome:
@@ -244,7 +275,7 @@ def path_dtypes(stream, after_stack, base_model) -> list:
 class AfterStack:
     """While the replay runs: the floating dtypes of the inputs of the model's layers outside the block stacks that
     run after the stack's last block call (`calls` reaches `expected`: the head, and any layer between the stack and
-    the output). Forward pre-hooks on those layers, removed on exit."""
+    the output), and of the model's own output (a cast outside any layer). Hooks on those layers, removed on exit."""
 
     def __init__(self, dm, adapter: Adapter, calls: list, expected: int):
         self.dm, self.calls, self.expected = dm, calls, expected
@@ -257,11 +288,16 @@ class AfterStack:
             self.dtypes.update(a.dtype for a in (*args, *kwargs.values())
                                if torch.is_tensor(a) and a.is_floating_point())
 
+    def _output(self, module, args, out):  # the model's own output: a cast after its last layer (issue 47 case 4)
+        outs = out if isinstance(out, (tuple, list)) else parts(out)
+        self.dtypes.update(t.dtype for t in outs if torch.is_tensor(t) and t.is_floating_point())
+
     def __enter__(self):
         if self.dm is not None:
             self.handles = [m.register_forward_pre_hook(self._seen, with_kwargs=True)
                             for name, m in self.dm.named_modules()
                             if name and not name.startswith(self.inside)]
+            self.handles.append(self.dm.register_forward_hook(self._output))
         return self
 
     def __exit__(self, *exc):
