@@ -47,6 +47,8 @@ COMFYUI_0364_ENV, COMFYUI_0364_PYTHON = (("COMFYUI_PATH", "../comfyui-0.3.64"),)
 COMPOSITION = ("bench/composition.py", "tests/comfyui/composition_cases.py", "tests/comfyui/tiny_models.py",
                "nodes/patching", "nodes/apply_node.py", "nodes/modes/apply.py", "nodes/modes/base.py",
                "core/engine.py", "core/policy.py", "core/forecasters")
+PEERS = ("bench/peers.py", "bench/peers_compare.py", "comfy_models", "comfy_models/flux_tiny.safetensors",
+         "comfy_models/wan_tiny.safetensors", "core", "search", "nodes")
 SPEED = ("bench/speed.py", "bench/speed_harness.py", "bench/speed_models.py", "bench/speed_comfy.py", "core",
          "search/baselines.py")
 
@@ -121,10 +123,10 @@ RUNS = {r.name: r for r in (
                                                                      "nodes", "tests/comfyui/tiny_models.py")
         + REFERENCE, minutes=25, kind="timing", needs="comfyui", env=COMFYUI_ENV, python=COMFYUI_PYTHON),
     # auto's K rests on its measured io share, and wall clock is beside every row: a timing run
-    Run("peers", "gcache.bench.peers", ("--search-budget", "64"),
-        ("bench/peers.py", "comfy_models", "comfy_models/flux_tiny.safetensors", "comfy_models/wan_tiny.safetensors",
-         "core", "search", "nodes"),
-        minutes=20, kind="timing", needs="comfyui", env=COMFYUI_ENV, python=COMFYUI_PYTHON),
+    Run("peers", "gcache.bench.peers", ("--search-budget", "64"), PEERS, minutes=25, kind="timing", needs="comfyui",
+        env=COMFYUI_ENV, python=COMFYUI_PYTHON),
+    Run("peers_0.3.64", "gcache.bench.peers", ("--search-budget", "64"), PEERS, minutes=25, kind="timing",
+        needs="comfyui", env=COMFYUI_0364_ENV, python=COMFYUI_0364_PYTHON),
     # predicted against measured speed-up is wall clock: a timing run
     Run("trained_figures", "gcache.bench.trained_figures", (),
         ("bench/trained_figures.py", "bench/peers.py", "comfy_models", "comfy_models/flux_tiny.safetensors",
