@@ -12,7 +12,8 @@ Rows:
 - GCache Apply (auto) at each K of --auto-k: the node with the target whose predicted speed-up, at the io share
   run 1 measured, is that K's (so auto builds its policy for exactly that K from run 1's profile, by its own code);
 - GCache Search (--search-budget) at each target row's K;
-- plain sampling with fewer steps: KSampler with K steps, the same sampler and scheduler, at each K of --fewer-k;
+- plain sampling with fewer steps: KSampler with K steps, the same sampler and scheduler, at each K of --fewer-k
+  (every K an auto row computes, and 14 and 16);
 - EasyCache and LazyCache at each threshold, at their default window (start 0.15, end 0.95) and at the widest
   (start 0, end 1: --wide-thresholds, which reach past 6x).
 Per row: block-stack passes per sampling run (a forward pre-hook on the first block: a CFG pair batched together
@@ -46,6 +47,7 @@ WIDE_THRESHOLDS = (0.1, 0.2, 0.4, 0.7, 1.2, 3.0, 8.0, 50.0)  # 8: about 6.7x, 50
 DEFAULT_WINDOW, WIDE_WINDOW = (0.15, 0.95), (0.0, 1.0)
 TARGETS = (1.5, 2.0, 3.0, 4.0)
 AUTO_K = tuple(range(2, 13))
+FEWER_K = AUTO_K + (14, 16)  # 14 and 16: below auto's 1.5x on the io-inclusive axis
 PROFILE_SEED = 10 ** 6  # auto's run 1 (seed and prompt 0): outside the held-out pairs (seeds 0 ..)
 FIRST_BLOCK = {"flux": "double_blocks.0", "wan": "blocks.0"}
 QUICK = ["--seeds", "4", "--search-budget", "0", "--auto-k", "2", "4", "6", "8", "12",
@@ -63,7 +65,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--auto-k", nargs="*", type=whole(1), default=list(AUTO_K),
                     help="GCache Apply (auto) at these K computed steps too (none: no such rows)")
     ap.add_argument("--fewer-k", nargs="*", type=whole(1), default=None,
-                    help="plain sampling with these step counts (default: every K from 2 to steps - 1)")
+                    help=f"plain sampling with these step counts (default: {' '.join(map(str, FEWER_K))}, those "
+                         "below --steps)")
     ap.add_argument("--thresholds", nargs="+", type=float, default=list(THRESHOLDS))
     ap.add_argument("--wide-thresholds", nargs="*", type=float, default=list(WIDE_THRESHOLDS),
                     help="EasyCache and LazyCache at start 0, end 1 with these thresholds (none: no wide rows)")
@@ -79,7 +82,7 @@ def main(argv=None) -> dict:
     if a.quick:
         a = ap.parse_args(QUICK + list(argv if argv is not None else sys.argv[1:]))
     if a.fewer_k is None:
-        a.fewer_k = list(range(2, a.steps))
+        a.fewer_k = [k for k in FEWER_K if k < a.steps]
     if any(t <= 1 for t in a.targets):
         ap.error(f"--targets {' '.join(f'{t:g}' for t in a.targets)}: a target speed-up is above 1")
     if any(t <= 0 for t in a.thresholds + a.wide_thresholds):
@@ -98,7 +101,8 @@ def main(argv=None) -> dict:
               + 2 * (len(a.thresholds) + len(a.wide_thresholds)))
     progress = Progress(len(a.families) * n_rows, "peers: rows", expected_s=0.8 * a.seeds * n_rows)
     for name in a.families:
-        out["families"][name] = family_rows(a, families.FAMILIES[name], progress)
+        with torch.inference_mode():  # as ComfyUI's executor runs every node (execution.py)
+            out["families"][name] = family_rows(a, families.FAMILIES[name], progress)
     print(json.dumps(out))
     return out
 
