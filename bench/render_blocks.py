@@ -84,21 +84,20 @@ def readme_peers_caption(results) -> str:
     auto's fixed-K rows fare against the best alternative at the same speed-up on both axes."""
     res = results("peers")
     fam = res["families"]["flux"]
-    st = fam["settings"]
+    st = fam["settings"]  # sampler, scheduler, CFG: in docs/trained-models.md (README's size)
     ks = [r["k"] for r in fam["rows"] if r["kind"] == "gcache k"]
 
     def tally(axis):
         hs = [h for h in fam["headline"][axis] if h["kind"] == "gcache k" and h["psnr_diff"] is not None]
         ahead, behind = sum(h["interval"][0] > 0 for h in hs), sum(h["interval"][1] < 0 for h in hs)
-        beyond = f", beyond every alternative at {len(ks) - len(hs)}" if len(hs) < len(ks) else ""
-        return f"ahead at {ahead} of {len(ks)} K, level at {len(hs) - ahead - behind}, behind at {behind}{beyond}"
-    return (f"\n*GCache Apply (auto) at K = {min(ks)}–{max(ks)} of {st['steps']} beside ComfyUI's EasyCache and "
-            "LazyCache (default window; start 0, end 1) and fewer steps, on a tiny Flux-class model trained here "
-            f"(ComfyUI {res['comfyui']}, {st['sampler']}/{st['scheduler']}, CFG {num(st['cfg'], 'g')}), PSNR against "
-            f"all steps, {res['held_out_pairs']} held-out pairs. The x axis counts block-stack passes; there auto is, "
-            f"against the best alternative, {tally('passes')}. Counting the io layers a skipped step runs "
+        beyond = f", beyond all at {len(ks) - len(hs)}" if len(hs) < len(ks) else ""
+        return f"ahead at {ahead}, level at {len(hs) - ahead - behind}, behind at {behind}{beyond}"
+    return (f"\n*Auto at K = {min(ks)}–{max(ks)} of {st['steps']} beside EasyCache and LazyCache (default window; "
+            f"start 0, end 1) and fewer steps: tiny Flux-class model trained here, ComfyUI {res['comfyui']}, PSNR vs "
+            f"all steps, {res['held_out_pairs']} held-out pairs. X axis: block-stack passes; there, against the best "
+            f"alternative, auto is {tally('passes')} of {len(ks)} K. With the io layers a skip still runs "
             f"(r = {num(fam['io_share'], '.2f')} here, ~1 % on real models): {tally('io')} "
-            "([per K](docs/trained-models.md#gcache-beside-every-alternative)).*\n")
+            "([per K](docs/trained-models.md)).*\n")
 
 
 @block("readme.io_example")
@@ -772,9 +771,7 @@ def _peer_blocks(run: str) -> None:
     @block(f"{run}.minutes")
     def peers_minutes(results) -> str:
         rec = results.record(run)
-        load = (rec.get("machine") or {}).get("load_average") or []
-        return (f"{num(rec['wall_s'] / 60, '.0f')} min on {machine(rec)}"
-                + (f" (load average {num(load[0], '.1f')} when it ended)" if load else ""))
+        return f"{num(rec['wall_s'] / 60, '.0f')} min on {machine(rec)}, beside other work"
 
 
 for _run in PEER_RUNS:
