@@ -1,4 +1,5 @@
-"""GCache Apply (auto) beside ComfyUI's own cache nodes, EasyCache and LazyCache, on the two trained tiny models.
+"""GCache Apply (auto) beside every alternative a user has, on the two trained tiny models: ComfyUI's own cache
+nodes, EasyCache and LazyCache (at their default window and at the widest), and plain sampling with fewer steps.
 
 The models are comfy_models/'s trained Flux-class and Wan 2.1-class files, loaded as comfy_models.families.load loads
 them (ComfyUI's UNETLoader loader on 0.33). Every row samples through ComfyUI's nodes in this process, as a workflow
@@ -8,15 +9,22 @@ Rows:
 - plain: every step computed (the reference of every quality figure);
 - GCache Apply (auto) at each target speed-up, after its run 1 (a full-compute profiling run on a seed and prompt
   outside the held-out set);
-- EasyCache and LazyCache at each threshold (start 0.15, end 0.95: the nodes' defaults).
+- GCache Apply (auto) at each K of --auto-k: the node with the target whose predicted speed-up, at the io share
+  run 1 measured, is that K's (so auto builds its policy for exactly that K from run 1's profile, by its own code);
+- GCache Search (--search-budget) at each target row's K;
+- plain sampling with fewer steps: KSampler with K steps, the same sampler and scheduler, at each K of --fewer-k
+  (every K an auto row computes, and 14 and 16);
+- EasyCache and LazyCache at each threshold, at their default window (start 0.15, end 0.95) and at the widest
+  (start 0, end 1: --wide-thresholds, which reach past 6x).
 Per row: block-stack passes per sampling run (a forward pre-hook on the first block: a CFG pair batched together
-counts once) and the speed-up they give against plain, wall clock per run and its speed-up beside it, and PSNR / SSIM
-of the decoded pixels (comfy_models/data.py's exact inverse projection) against plain on the same seed and prompt,
-per pair. Headline: GCache's PSNR minus each peer's at GCache's measured pass speed-up (the peer's per-pair PSNR
-interpolated linearly between its two rows around that speed-up), with a bootstrap 95 % interval over the pairs;
-none where the peer's rows do not reach that speed-up.
+counts once), the speed-up on two axes (bench/peers_compare.py: in passes, and in io-inclusive cost, where a GCache
+step that skips still costs the io share r run 1 measured), wall clock per run and its speed-up beside them, and
+PSNR / SSIM of the decoded pixels (comfy_models/data.py's exact inverse projection) against plain 20 steps on the
+same seed and prompt, per pair. Headline, on each axis: for every GCache row, each alternative's PSNR at the row's
+speed-up (per pair, interpolated linearly between its two rows around it), the best of them, and GCache's PSNR minus
+the best's, with a bootstrap 95 % interval over the pairs.
 
-    COMFYUI_PATH=/path/to/ComfyUI python -m gcache.bench.peers [--seeds 16] [--families flux wan]
+    COMFYUI_PATH=/path/to/ComfyUI python -m gcache.bench.peers [--seeds 16] [--families flux wan] [--quick]
 
 Ends with one JSON line.
 """
@@ -24,42 +32,63 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import statistics
 import sys
 import tempfile
 import time
 
 from .cli import BenchParser, Progress, require_comfyui, run_main, whole
+from .peers_compare import AXES, bootstrap, headline, interpolate, search_vs_auto, speedups  # noqa: F401
 
 SETTINGS = {"flux": {"sampler": "euler", "scheduler": "simple", "cfg": 3.5},
             "wan": {"sampler": "uni_pc", "scheduler": "simple", "cfg": 5.0}}
 THRESHOLDS = (0.05, 0.1, 0.2, 0.4, 0.7, 1.2, 2.0)
+WIDE_THRESHOLDS = (0.1, 0.2, 0.4, 0.7, 1.2, 3.0, 8.0, 50.0)  # 8: about 6.7x, 50: 10x (2 of 20 steps)
+DEFAULT_WINDOW, WIDE_WINDOW = (0.15, 0.95), (0.0, 1.0)
 TARGETS = (1.5, 2.0, 3.0, 4.0)
+AUTO_K = tuple(range(2, 13))
+FEWER_K = AUTO_K + (14, 16)  # 14 and 16: below auto's 1.5x on the io-inclusive axis
 PROFILE_SEED = 10 ** 6  # auto's run 1 (seed and prompt 0): outside the held-out pairs (seeds 0 ..)
-BOOTSTRAP = 2000
 FIRST_BLOCK = {"flux": "double_blocks.0", "wan": "blocks.0"}
+QUICK = ["--seeds", "4", "--search-budget", "0", "--auto-k", "2", "4", "6", "8", "12",
+         "--fewer-k", "2", "4", "6", "8", "12", "16",
+         "--thresholds", "0.1", "0.4", "2", "--wide-thresholds", "0.2", "1.2", "8", "50"]
 
 
 def main(argv=None) -> dict:
     ap = BenchParser("gcache.bench.peers", __doc__)
-    ap.add_argument("--seeds", type=whole(1), default=16, help="held-out seed x prompt pairs (seed s, prompt s mod "
-                                                               "classes)")
+    ap.add_argument("--seeds", type=whole(1), default=16,
+                    help="held-out seed x prompt pairs (seed s, prompt s mod classes)")
     ap.add_argument("--steps", type=whole(4), default=20)
     ap.add_argument("--families", nargs="+", default=["flux", "wan"], choices=("flux", "wan"))
     ap.add_argument("--targets", nargs="+", type=float, default=list(TARGETS))
+    ap.add_argument("--auto-k", nargs="*", type=whole(1), default=list(AUTO_K),
+                    help="GCache Apply (auto) at these K computed steps too (none: no such rows)")
+    ap.add_argument("--fewer-k", nargs="*", type=whole(1), default=None,
+                    help=f"plain sampling with these step counts (default: {' '.join(map(str, FEWER_K))}, those "
+                         "below --steps)")
     ap.add_argument("--thresholds", nargs="+", type=float, default=list(THRESHOLDS))
+    ap.add_argument("--wide-thresholds", nargs="*", type=float, default=list(WIDE_THRESHOLDS),
+                    help="EasyCache and LazyCache at start 0, end 1 with these thresholds (none: no wide rows)")
     ap.add_argument("--easycache-as-is", type=float, default=0.2, metavar="THRESHOLD",
                     help="one more EasyCache row without the input copy (see input_copied)")
     ap.add_argument("--search-budget", type=whole(0), default=0, metavar="N",
                     help="also GCache Search's policy (the real node, this budget) at each auto row's K, with auto's "
                          "profile and forecaster, searched on seeds outside the held-out pairs (0: no search rows)")
+    ap.add_argument("--quick", action="store_true",
+                    help="a smaller run for a first look (about a fifth of the time): " + " ".join(QUICK))
     ap.add_argument("--models", default=None, help="folder of <family>_tiny.safetensors (default: comfy_models/)")
     a = ap.parse_args(argv)
+    if a.quick:
+        a = ap.parse_args(QUICK + list(argv if argv is not None else sys.argv[1:]))
+    if a.fewer_k is None:
+        a.fewer_k = [k for k in FEWER_K if k < a.steps]
     if any(t <= 1 for t in a.targets):
         ap.error(f"--targets {' '.join(f'{t:g}' for t in a.targets)}: a target speed-up is above 1")
-    if any(t <= 0 for t in a.thresholds):
-        ap.error(f"--thresholds {' '.join(f'{t:g}' for t in a.thresholds)}: a cache threshold is above 0")
+    if any(t <= 0 for t in a.thresholds + a.wide_thresholds):
+        ap.error("--thresholds / --wide-thresholds: a cache threshold is above 0")
+    if any(k >= a.steps for k in a.auto_k + a.fewer_k):
+        ap.error(f"--auto-k / --fewer-k: a K is below --steps ({a.steps})")
     require_comfyui(ap)
     import torch
 
@@ -69,10 +98,12 @@ def main(argv=None) -> dict:
     import comfy.utils
     comfy.utils.PROGRESS_BAR_ENABLED = False
     out = {"steps": a.steps, "held_out_pairs": a.seeds, "comfyui": families.comfyui_version(), "families": {}}
-    n_rows = 2 + len(a.targets) * (2 if a.search_budget else 1) + 2 * len(a.thresholds)
-    progress = Progress(len(a.families) * n_rows, "peers: rows", expected_s=6.0 * a.seeds * n_rows)
+    n_rows = (2 + len(a.targets) * (2 if a.search_budget else 1) + len(a.auto_k) + len(a.fewer_k)
+              + 2 * (len(a.thresholds) + len(a.wide_thresholds)))
+    progress = Progress(len(a.families) * n_rows, "peers: rows", expected_s=0.8 * a.seeds * n_rows)
     for name in a.families:
-        out["families"][name] = family_rows(a, families.FAMILIES[name], progress)
+        with torch.inference_mode():  # as ComfyUI's executor runs every node (execution.py)
+            out["families"][name] = family_rows(a, families.FAMILIES[name], progress)
     print(json.dumps(out))
     return out
 
@@ -120,6 +151,8 @@ def family_rows(a, family, progress) -> dict:
 
     from ..comfy_models import data
     from ..comfy_models.families import comfy_cond, load
+    from ..core.policy import Policy
+    from ..core.profile import Profile
     from ..search.infra.objectives import psnr, ssim
     GCacheApply, EasyCacheNode, LazyCacheNode = _nodes()
     loaded = load(family, os.path.join(a.models, family.file) if a.models else None)
@@ -127,11 +160,11 @@ def family_rows(a, family, progress) -> dict:
     s = SETTINGS[family.name]
     pairs = [(seed, seed % len(family.classes)) for seed in range(a.seeds)]
 
-    def run(model, seed, label):
+    def run(model, seed, label, steps=a.steps):
         lat = torch.zeros(1, *family.latent_shape)
         with Passes(m, family.name) as p:
             t0 = time.perf_counter()
-            z = comfy_nodes.common_ksampler(model, seed, a.steps, s["cfg"], s["sampler"], s["scheduler"],
+            z = comfy_nodes.common_ksampler(model, seed, steps, s["cfg"], s["sampler"], s["scheduler"],
                                             comfy_cond(family, label), comfy_cond(family, -1),
                                             {"samples": lat})[0]["samples"]
             secs = time.perf_counter() - t0
@@ -139,10 +172,10 @@ def family_rows(a, family, progress) -> dict:
         frames = px.unsqueeze(1) if px.dim() == 3 else px  # (3, T, H, W): SSIM per frame
         return frames.permute(1, 0, 2, 3), p.n, secs
 
-    def row(model_for_pair, label, **info):
+    def row(model_for_pair, label, steps=a.steps, **info):
         passes, secs, ps, ss = [], [], [], []
         for (seed, lab), ref in zip(pairs, refs):
-            img, n, t = run(model_for_pair(), seed, lab)
+            img, n, t = run(model_for_pair(), seed, lab, steps)
             passes.append(n)
             secs.append(t)
             ps.append(round(psnr(img, ref), 3))
@@ -150,6 +183,17 @@ def family_rows(a, family, progress) -> dict:
         r = {"row": label, **info, "passes": passes, "seconds": [round(x, 4) for x in secs], "psnr": ps, "ssim": ss}
         progress.step(f"{family.name} {label}: {statistics.mean(passes):.1f} passes, "
                       f"PSNR {statistics.mean(ps):.2f} dB, SSIM {statistics.mean(ss):.4f}")
+        return r
+
+    def auto_row(gdir, target, label, **info):
+        """GCache Apply (auto) at this target, and the policy it saved for it (made by run 1 or the row's first run:
+        listed after it)."""
+        r = row(lambda: GCacheApply.execute(m, "(auto)", "model device", "remap", target).result[0], label,
+                target=target, **info)
+        r["policies"] = sorted(f for f in os.listdir(gdir) if f.endswith(f"_{target:g}x.json"))
+        if len(r["policies"]) == 1:
+            pol = Policy.load(os.path.join(gdir, r["policies"][0]))
+            r.update(mask=list(pol.mask), forecast=pol.forecast)
         return r
 
     refs, plain = [], {"row": "plain", "passes": [], "seconds": []}
@@ -166,11 +210,15 @@ def family_rows(a, family, progress) -> dict:
         try:
             # auto's run 1: computes every step and profiles it (one seed and prompt outside the held-out pairs)
             run(GCacheApply.execute(m, "(auto)", "model device", "remap", a.targets[0]).result[0], PROFILE_SEED, 0)
+            profile_file = next(f for f in os.listdir(gdir) if f.endswith(".profile.safetensors"))
+            io_share = Profile.load(os.path.join(gdir, profile_file)).io.value  # what auto's K rests on
             for target in a.targets:
-                rows.append(row(lambda: GCacheApply.execute(m, "(auto)", "model device", "remap", target).result[0],
-                                f"GCache auto {target:g}x", kind="gcache", target=target))
-                # the policy auto saved for this target (made by the row's first run: listed after it)
-                rows[-1]["policies"] = sorted(f for f in os.listdir(gdir) if f.endswith(f"_{target:g}x.json"))
+                rows.append(auto_row(gdir, target, f"GCache auto {target:g}x", kind="gcache"))
+            for k in a.auto_k:
+                rows.append(auto_row(gdir, auto_target(a.steps, k, io_share), f"GCache auto K={k}", kind="gcache k",
+                                     k=k))
+                if rows[-1]["passes"][0] != k:
+                    raise RuntimeError(f"GCache auto's target for K = {k} computed {rows[-1]['passes'][0]} steps")
             if a.search_budget:
                 rows += search_rows(a, family, m, gdir, rows, row)
         finally:
@@ -178,24 +226,33 @@ def family_rows(a, family, progress) -> dict:
                 folder_paths.folder_names_and_paths.pop("gcache", None)
             else:
                 folder_paths.folder_names_and_paths["gcache"] = old
+    for k in a.fewer_k:
+        rows.append(row(lambda: m, f"plain {k} steps", steps=k, kind="fewer steps", k=k))
     copied = input_copied(m)
-    for peer, node in (("EasyCache", EasyCacheNode), ("LazyCache", LazyCacheNode)):
-        for thr in a.thresholds:
-            rows.append(row(lambda: node.execute(copied if peer == "EasyCache" else m, thr, 0.15, 0.95,
-                                                 False).result[0],
-                            f"{peer} {thr:g}", kind=peer, threshold=thr))
+    for window, thresholds, suffix in ((DEFAULT_WINDOW, a.thresholds, ""), (WIDE_WINDOW, a.wide_thresholds, " wide")):
+        for peer, node in (("EasyCache", EasyCacheNode), ("LazyCache", LazyCacheNode)):
+            for thr in thresholds:
+                rows.append(row(lambda: node.execute(copied if peer == "EasyCache" else m, thr, *window,
+                                                     False).result[0],
+                                f"{peer}{suffix} {thr:g}", kind=peer + suffix, threshold=thr, window=list(window)))
     if a.easycache_as_is is not None:  # EasyCache on the float32 model as it is: its in-place add hits x itself
         thr = a.easycache_as_is
-        rows.append(row(lambda: EasyCacheNode.execute(m, thr, 0.15, 0.95, False).result[0],
+        rows.append(row(lambda: EasyCacheNode.execute(m, thr, *DEFAULT_WINDOW, False).result[0],
                         f"EasyCache {thr:g} (no input copy)", kind="EasyCache as is", threshold=thr))
     base_passes, base_secs = statistics.mean(plain["passes"]), statistics.mean(plain["seconds"])
     for r in rows:
-        r["speedup_passes"] = round(base_passes / statistics.mean(r["passes"]), 3)
+        r.update(speedups(r, a.steps, base_passes, io_share))
         r["speedup_wall"] = round(base_secs / statistics.mean(r["seconds"]), 3)
         r["psnr_mean"], r["ssim_mean"] = round(statistics.mean(r["psnr"]), 3), round(statistics.mean(r["ssim"]), 4)
     return {"settings": {**s, "steps": a.steps, "loaded_by": loaded.path, "training": loaded.training},
-            "pairs": pairs, "plain": plain, "rows": rows, "headline": headline(rows),
-            "search_vs_auto": search_vs_auto(rows)}
+            "pairs": pairs, "plain": plain, "io_share": round(io_share, 5), "rows": rows,
+            "headline": {axis: headline(rows, axis) for axis in AXES}, "search_vs_auto": search_vs_auto(rows)}
+
+
+def auto_target(n_steps: int, k: int, io_share: float) -> float:
+    """The target speed-up auto turns into exactly K computed steps: K's own predicted speed-up at the io share."""
+    from ..core.policy import predicted_speedup
+    return predicted_speedup(n_steps, k, io_share)
 
 
 SEARCH_SEEDS = (200, 2)  # GCache Search's seeds (first, count), prompt 0: outside the held-out pairs
@@ -246,64 +303,6 @@ def search_rows(a, family, m, gdir, rows, row) -> list:
                            f"GCache Search K={k}", kind="gcache search", k=k, forecast=auto_policy.forecast,
                            budget=a.search_budget, mask=list(policy.mask)))
         folder_paths.folder_names_and_paths["gcache"] = ([gdir], {".json", ".safetensors"})
-    return out
-
-
-def interpolate(curve, x):
-    """Per-pair values of a peer at speed-up x: linear between the two rows whose mean speed-ups bracket x (rows of
-    equal speed-up: their mean). None when x lies outside the peer's rows."""
-    pts = {}
-    for sp, vals in curve:
-        pts.setdefault(sp, []).append(vals)
-    xs = sorted(pts)
-    if not xs or x < xs[0] - 1e-9 or x > xs[-1] + 1e-9:
-        return None
-    avg = {k: [statistics.mean(v) for v in zip(*pts[k])] for k in xs}
-    for lo, hi in zip(xs, xs[1:] + [xs[-1]]):
-        if lo - 1e-9 <= x <= hi + 1e-9:
-            w = 0.0 if hi == lo else (x - lo) / (hi - lo)
-            return [(1 - w) * p + w * q for p, q in zip(avg[lo], avg[hi])]
-    return None
-
-
-def bootstrap(diffs, n=BOOTSTRAP, seed=0):
-    """95 % percentile interval of the mean over resampled pairs."""
-    rng = random.Random(seed)
-    means = sorted(statistics.mean(rng.choices(diffs, k=len(diffs))) for _ in range(n))
-    return [round(means[int(0.025 * n)], 3), round(means[int(0.975 * n) - 1], 3)]
-
-
-def search_vs_auto(rows) -> list:
-    """GCache Search's PSNR minus auto's at the same K, per K (bootstrap over the pairs)."""
-    out = []
-    for srow in (r for r in rows if r["kind"] == "gcache search"):
-        auto = next(r for r in rows if r["kind"] == "gcache" and r["passes"][0] == srow["k"])
-        diffs = [a - b for a, b in zip(srow["psnr"], auto["psnr"])]
-        out.append({"k": srow["k"], "search": srow["row"], "auto": auto["row"],
-                    "psnr_diff": round(statistics.mean(diffs), 3), "interval": bootstrap(diffs)})
-    return out
-
-
-def headline(rows) -> list:
-    out = []
-    for g in (r for r in rows if r["kind"] in ("gcache", "gcache search")):
-        for peer in ("EasyCache", "LazyCache"):
-            curve = [(r["speedup_passes"], r["psnr"]) for r in rows if r["kind"] == peer]
-            at = interpolate(curve, g["speedup_passes"])
-            item = {"gcache": g["row"], "peer": peer, "speedup_passes": g["speedup_passes"]}
-            if at is None:
-                item.update(psnr_diff=None, why=f"{peer}'s rows span {min(c[0] for c in curve):.2f}-"
-                                               f"{max(c[0] for c in curve):.2f}x only")
-            else:
-                diffs = [a - b for a, b in zip(g["psnr"], at)]
-                item.update(psnr_diff=round(statistics.mean(diffs), 3), interval=bootstrap(diffs),
-                            peer_psnr=round(statistics.mean(at), 3))
-                ssim_at = interpolate([(r["speedup_passes"], r["ssim"]) for r in rows if r["kind"] == peer],
-                                      g["speedup_passes"])
-                if ssim_at is not None and "ssim" in g:
-                    sd = [a - b for a, b in zip(g["ssim"], ssim_at)]
-                    item.update(ssim_diff=round(statistics.mean(sd), 4), ssim_interval=bootstrap(sd))
-            out.append(item)
     return out
 
 

@@ -94,23 +94,24 @@ def fresh_choice_prose(results) -> str:
 
 @block("readme.peers_caption")
 def readme_peers_caption(results) -> str:
-    """README's first figure (bench/peers_plot.py draws it from the same result): what it shows and the headline."""
+    """README's first figure (bench/peers_plot.py draws it from the same result): what it shows, its axis, and how
+    auto's fixed-K rows fare against the best alternative at the same speed-up on both axes."""
     res = results("peers")
     fam = res["families"]["flux"]
-    st = fam["settings"]
-    n_easy = sum(r["kind"] == "EasyCache" for r in fam["rows"])
-    n_lazy = sum(r["kind"] == "LazyCache" for r in fam["rows"])
-    matched = {}
-    for h in fam["headline"]:
-        if h["gcache"].startswith("GCache auto") and h["psnr_diff"] is not None:
-            matched.setdefault(h["speedup_passes"], {})[h["peer"]] = h["psnr_diff"]
-    gains = "; ".join(f"{num(x, '.2f')}×: {num(v.get('EasyCache'), '+.1f')} dB over EasyCache, "
-                      f"{num(v.get('LazyCache'), '+.1f')} dB over LazyCache" for x, v in sorted(matched.items()))
-    return (f"\n*GCache beside ComfyUI's own EasyCache ({n_easy} thresholds) and LazyCache ({n_lazy}), in ComfyUI "
-            f"{res['comfyui']} on a tiny Flux-class model trained here on a CPU: PSNR against every step computed, "
-            f"mean of {res['held_out_pairs']} held-out seed × prompt pairs ({st['sampler']}/{st['scheduler']}, CFG "
-            f"{num(st['cfg'], 'g')}, {st['steps']} steps). GCache Apply (auto) at the same speed-up: {gains} "
-            "([intervals](docs/trained-models.md)). A tiny model, not full-size Flux.*\n")
+    st = fam["settings"]  # sampler, scheduler, CFG: in docs/trained-models.md (README's size)
+    ks = [r["k"] for r in fam["rows"] if r["kind"] == "gcache k"]
+
+    def tally(axis):
+        hs = [h for h in fam["headline"][axis] if h["kind"] == "gcache k" and h["psnr_diff"] is not None]
+        ahead, behind = sum(h["interval"][0] > 0 for h in hs), sum(h["interval"][1] < 0 for h in hs)
+        beyond = f", beyond all at {len(ks) - len(hs)}" if len(hs) < len(ks) else ""
+        return f"ahead at {ahead}, level at {len(hs) - ahead - behind}, behind at {behind}{beyond}"
+    return (f"\n*Auto at K = {min(ks)}–{max(ks)} of {st['steps']} beside EasyCache and LazyCache (default window; "
+            f"start 0, end 1) and fewer steps: tiny Flux-class model trained here, ComfyUI {res['comfyui']}, PSNR vs "
+            f"all steps, {res['held_out_pairs']} held-out pairs. X axis: block-stack passes; there, against the best "
+            f"alternative, auto is {tally('passes')} of {len(ks)} K. With the io layers a skip still runs "
+            f"(r = {num(fam['io_share'], '.2f')} here, ~1 % on real models): {tally('io')} "
+            "([per K](docs/trained-models.md)).*\n")
 
 
 @block("readme.io_example")
@@ -174,8 +175,8 @@ SCRIPTS = [  # script, what it measures, its run in bench/runs.py (or its durati
     ("bench/route_quality.py", "block-stack caching against the whole-model fallback", "route_quality", "ComfyUI"),
     ("bench/selfcheck_margins.py", "the self-check's margins on correct models, per family and dtype",
      "selfcheck_margins", "ComfyUI"),
-    ("bench/peers.py", "GCache Apply (auto) beside ComfyUI's EasyCache and LazyCache on the trained tiny Flux and Wan",
-     "peers", "ComfyUI"),
+    ("bench/peers.py", "GCache Apply (auto) beside every alternative (ComfyUI's EasyCache and LazyCache at two "
+     "windows, plain sampling with fewer steps) on the trained tiny Flux and Wan", "peers", "ComfyUI"),
     ("bench/trained_figures.py", "composition, the self-check's margin, auto's predicted speed-up and the few-steps "
      "case on the trained tiny Flux and Wan", "trained_figures", "ComfyUI"),
     ("bench/composition.py", "GCache beside Skip Layer Guidance, PerpNeg/DualCFG, CFGZeroStar/APG and other nodes' "
@@ -713,32 +714,101 @@ def route_quality_table(results) -> str:
 PEER_FAMILIES = {"flux": "Flux-class", "wan": "Wan 2.1-class"}
 
 
-@block("peers.table")
-def peers_table(results) -> str:
-    rows = []
-    for fam, r in results("peers")["families"].items():
-        for row in r["rows"]:
-            rows.append((PEER_FAMILIES.get(fam, fam), row["row"], f"{num(row['speedup_passes'], '.2f')}×",
-                         f"{num(row['speedup_wall'], '.2f')}×", f"{num(row['psnr_mean'], '.2f')} dB",
-                         num(row["ssim_mean"], ".3f")))
-    return table(["model", "row", "speed-up (block-stack passes)", "speed-up (wall clock)", "PSNR vs plain",
-                  "SSIM vs plain"], rows)
+PEER_RUNS = ("peers", "peers_0.3.64")  # one result per ComfyUI tree (bench/runs.py)
+ALT_NAMES = {"EasyCache": "EasyCache", "EasyCache wide": "EasyCache (start 0, end 1)", "LazyCache": "LazyCache",
+             "LazyCache wide": "LazyCache (start 0, end 1)", "fewer steps": "fewer steps"}
 
 
-@block("peers.headline")
-def peers_headline(results) -> str:
-    rows = []
-    for fam, r in results("peers")["families"].items():
-        for h in r["headline"]:
-            if h["psnr_diff"] is None:
-                diff = f"none: {h['why']}"
-            else:
-                lo, hi = h["interval"]
-                diff = f"{num(h['psnr_diff'], '+.2f')} dB ({num(lo, '+.2f')} to {num(hi, '+.2f')})"
-            rows.append((PEER_FAMILIES.get(fam, fam), h["gcache"], f"{num(h['speedup_passes'], '.2f')}×", h["peer"],
-                         diff))
-    return table(["model", "GCache row", "its speed-up (passes)", "peer", "GCache − peer PSNR (95 % bootstrap)"],
-                 rows)
+def _versus(h) -> str:
+    """'+1.23 dB (+0.50 to +2.01) vs EasyCache (start 0, end 1)', or why there is none."""
+    if h["psnr_diff"] is None:
+        return "none reaches it"
+    lo, hi = h["interval"]
+    return (f"{num(h['psnr_diff'], '+.2f')} dB ({num(lo, '+.2f')} to {num(hi, '+.2f')}) vs "
+            f"{ALT_NAMES.get(h['best'], h['best'])}")
+
+
+def _peer_blocks(run: str) -> None:
+    """The blocks of one tree's peers result, named <run>.<block>."""
+
+    @block(f"{run}.table")
+    def peers_table(results) -> str:
+        rows = []
+        for fam, r in results(run)["families"].items():
+            for row in r["rows"]:
+                rows.append((PEER_FAMILIES.get(fam, fam), row["row"], f"{num(row['speedup_passes'], '.2f')}×",
+                             f"{num(row['speedup_io'], '.2f')}×", f"{num(row['speedup_wall'], '.2f')}×",
+                             f"{num(row['psnr_mean'], '.2f')} dB", num(row["ssim_mean"], ".3f")))
+        return table(["model", "row", "speed-up (block-stack passes)", "speed-up (io-inclusive cost)",
+                      "speed-up (wall clock)", "PSNR vs plain", "SSIM vs plain"], rows)
+
+    @block(f"{run}.curve")
+    def peers_curve(results) -> str:
+        """Auto at each K beside plain sampling with K steps, and the best alternative at auto's speed-up on both
+        axes."""
+        rows = []
+        for fam, r in results(run)["families"].items():
+            fewer = {x["k"]: x for x in r["rows"] if x["kind"] == "fewer steps"}
+            heads = {axis: {h["gcache"]: h for h in r["headline"][axis]} for axis in ("passes", "io")}
+            for g in (x for x in r["rows"] if x["kind"] == "gcache k"):
+                f = fewer.get(g["k"])
+                rows.append((PEER_FAMILIES.get(fam, fam), g["k"], f"{num(g['psnr_mean'], '.2f')} dB",
+                             "–" if f is None else f"{num(f['psnr_mean'], '.2f')} dB",
+                             f"{num(g['speedup_passes'], '.2f')}×", _versus(heads["passes"][g["row"]]),
+                             f"{num(g['speedup_io'], '.2f')}×", _versus(heads["io"][g["row"]])))
+        return table(["model", f"K of {results(run)['steps']}", "auto", "plain, K steps", "speed-up (passes)",
+                      "auto − the best alternative there (95 % bootstrap)", "speed-up (io-inclusive)",
+                      "auto − the best alternative there (95 % bootstrap)"], rows)
+
+    @block(f"{run}.headline")
+    def peers_headline(results) -> str:
+        """The target rows and the search's rows against the best alternative, on both axes."""
+        rows = []
+        for fam, r in results(run)["families"].items():
+            io = {h["gcache"]: h for h in r["headline"]["io"]}
+            for h in r["headline"]["passes"]:
+                if h["kind"] == "gcache k":
+                    continue
+                hio = io[h["gcache"]]
+                rows.append((PEER_FAMILIES.get(fam, fam), h["gcache"], h["k"], f"{num(h['psnr'], '.2f')} dB",
+                             f"{num(h['speedup_passes'], '.2f')}×", _versus(h), f"{num(hio['speedup_io'], '.2f')}×",
+                             _versus(hio)))
+        return table(["model", "GCache row", "K", "PSNR", "speed-up (passes)", "GCache − the best alternative there",
+                      "speed-up (io-inclusive)", "GCache − the best alternative there"], rows)
+
+    @block(f"{run}.verdict")
+    def peers_verdict(results) -> str:
+        """How many of auto's fixed-K rows are ahead of, level with or behind the best alternative (by the bootstrap
+        interval), on each axis."""
+        res = results(run)
+        parts = []
+        for fam, r in res["families"].items():
+            axes = []
+            for axis, name in (("passes", "in passes"), ("io", "io-inclusive")):
+                hs = [h for h in r["headline"][axis] if h["kind"] == "gcache k"]
+                diffs = [h for h in hs if h["psnr_diff"] is not None]
+                ahead = sum(h["interval"][0] > 0 for h in diffs)
+                behind = sum(h["interval"][1] < 0 for h in diffs)
+                worst = min(diffs, key=lambda h: h["psnr_diff"]) if diffs else None
+                beyond = f", beyond every alternative at {len(hs) - len(diffs)}" if len(diffs) < len(hs) else ""
+                axes.append(f"{name}, ahead at {ahead}, level at {len(diffs) - ahead - behind}, behind at {behind}"
+                            + beyond
+                            + (f" (worst: K = {worst['k']}, {num(worst['psnr_diff'], '+.1f')} dB)"
+                               if worst is not None and worst["psnr_diff"] < 0 else ""))
+            ks = [h["k"] for h in r["headline"]["passes"] if h["kind"] == "gcache k"]
+            parts.append(f"{PEER_FAMILIES.get(fam, fam)} (K = {min(ks)}–{max(ks)}, io share r = "
+                         f"{num(r['io_share'], '.3f')}): " + "; ".join(axes))
+        return "; ".join(parts) + "."
+
+
+    @block(f"{run}.minutes")
+    def peers_minutes(results) -> str:
+        rec = results.record(run)
+        return f"{num(rec['wall_s'] / 60, '.0f')} min on {machine(rec)}, beside other work"
+
+
+for _run in PEER_RUNS:
+    _peer_blocks(_run)
 
 
 @block("peers.search")
@@ -749,27 +819,9 @@ def peers_search(results) -> str:
             lo, hi = x["interval"]
             rows.append((PEER_FAMILIES.get(fam, fam), x["k"], x["auto"],
                          f"{num(x['psnr_diff'], '+.2f')} dB ({num(lo, '+.2f')} to {num(hi, '+.2f')})"))
+    if not rows:
+        return "the stored run has no search rows (its command has no `--search-budget`)"
     return table(["model", "K (of 20)", "auto row", "Search − auto PSNR (95 % bootstrap)"], rows)
-
-
-@block("peers.reach")
-def peers_reach(results) -> str:
-    """The peers' fastest rows against GCache's first row beyond them (figures from the stored rows)."""
-    parts = []
-    for fam, r in results("peers")["families"].items():
-        rows = r["rows"]
-        best = {p: max((x for x in rows if x["kind"] == p), key=lambda x: x["speedup_passes"])
-                for p in ("EasyCache", "LazyCache")}
-        top = max(b["speedup_passes"] for b in best.values())
-        beyond = [x for x in rows if x["kind"] == "gcache" and x["speedup_passes"] > top]
-        if not beyond:
-            continue
-        g = min(beyond, key=lambda x: x["speedup_passes"])
-        parts.append(f"{PEER_FAMILIES.get(fam, fam)}: {g['row']} at {num(g['speedup_passes'], '.2f')}× gives "
-                     f"{num(g['psnr_mean'], '.2f')} dB, "
-                     + ", ".join(f"{p}'s fastest row ({b['row']}) {num(b['speedup_passes'], '.2f')}× and "
-                                    f"{num(b['psnr_mean'], '.2f')} dB" for p, b in best.items()))
-    return "; ".join(parts) + "."
 
 
 # ------------------------------------------------------------------------------------------------ trained figures

@@ -51,6 +51,8 @@ COMPOSITION = ("bench/composition.py", "tests/comfyui/composition_cases.py", "te
 SELFCHECK = ("bench/selfcheck_margins.py", "core", "nodes/patching", "nodes/modes", "tests/comfyui/tiny_models.py",
              "tests/comfyui/tiny_image_models.py", "tests/comfyui/tiny_video_models.py",
              "tests/comfyui/tiny_image_models_033.py", "tests/comfyui/tiny_video_models_033.py")
+PEERS = ("bench/peers.py", "bench/peers_compare.py", "comfy_models", "comfy_models/flux_tiny.safetensors",
+         "comfy_models/wan_tiny.safetensors", "core", "search", "nodes")
 SPEED = ("bench/speed.py", "bench/speed_harness.py", "bench/speed_models.py", "bench/speed_comfy.py", "core",
          "search/baselines.py")
 
@@ -129,10 +131,12 @@ RUNS = {r.name: r for r in (
                                                                      "nodes", "tests/comfyui/tiny_models.py")
         + REFERENCE, minutes=25, kind="timing", needs="comfyui", env=COMFYUI_ENV, python=COMFYUI_PYTHON),
     # auto's K rests on its measured io share, and wall clock is beside every row: a timing run
-    Run("peers", "gcache.bench.peers", ("--search-budget", "64"),
-        ("bench/peers.py", "comfy_models", "comfy_models/flux_tiny.safetensors", "comfy_models/wan_tiny.safetensors",
-         "core", "search", "nodes"),
-        minutes=20, kind="timing", needs="comfyui", env=COMFYUI_ENV, python=COMFYUI_PYTHON),
+    # 63 min each on a 2-core machine shared with other work (both at once); --search-budget 64 adds GCache Search's
+    # rows (about as long again)
+    Run("peers", "gcache.bench.peers", (), PEERS, minutes=65, kind="timing", needs="comfyui", env=COMFYUI_ENV,
+        python=COMFYUI_PYTHON),
+    Run("peers_0.3.64", "gcache.bench.peers", (), PEERS, minutes=65, kind="timing", needs="comfyui",
+        env=COMFYUI_0364_ENV, python=COMFYUI_0364_PYTHON),
     # predicted against measured speed-up is wall clock: a timing run
     Run("trained_figures", "gcache.bench.trained_figures", (),
         ("bench/trained_figures.py", "bench/peers.py", "comfy_models", "comfy_models/flux_tiny.safetensors",

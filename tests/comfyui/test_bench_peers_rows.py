@@ -1,5 +1,7 @@
 """bench/peers.py's rows on one seed, on the trained tiny Flux (8 steps): every row is there with per-pair values, the
-pass counts are what the nodes computed, and one row's PSNR is recomputed here by hand. About half a minute."""
+pass counts are what the nodes computed, auto's fixed-K rows compute that K, the io-inclusive speed-up is the formula's,
+and two rows' PSNR (a LazyCache row, and plain sampling with fewer steps) are recomputed here by hand. About a
+minute."""
 import math
 
 import pytest
@@ -22,16 +24,19 @@ STEPS = 8
 @pytest.fixture(scope="module")
 def result():
     return peers.main(["--seeds", "1", "--steps", str(STEPS), "--families", "flux", "--targets", "2", "3",
-                       "--thresholds", "0.1", "0.5", "--easycache-as-is", "0.1", "--search-budget", "14"]
-                      )["families"]["flux"]
+                       "--auto-k", "2", "3", "--fewer-k", "3", "--thresholds", "0.1", "0.5", "--wide-thresholds", "2",
+                       "--easycache-as-is", "0.1", "--search-budget", "14"])["families"]["flux"]
 
 
 def test_every_row_is_there_with_per_pair_values(result):
     assert [list(p) for p in result["pairs"]] == [[0, 0]] and result["plain"]["passes"] == [STEPS]
-    kinds = [(r["kind"], r.get("target", r.get("threshold"))) for r in result["rows"]]
-    assert kinds == [("gcache", 2.0), ("gcache", 3.0), ("gcache search", None), ("gcache search", None),
-                     ("EasyCache", 0.1), ("EasyCache", 0.5), ("LazyCache", 0.1),
-                     ("LazyCache", 0.5), ("EasyCache as is", 0.1)]
+    kinds = [(r["kind"], r["k"] if r["kind"] == "gcache k" else r.get("target", r.get("threshold")))
+             for r in result["rows"]]
+    assert kinds[:4] == [("gcache", 2.0), ("gcache", 3.0), ("gcache k", 2), ("gcache k", 3)]
+    assert kinds[4:] == [("gcache search", None), ("gcache search", None), ("fewer steps", None),
+                         ("EasyCache", 0.1), ("EasyCache", 0.5), ("LazyCache", 0.1), ("LazyCache", 0.5),
+                         ("EasyCache wide", 2.0), ("LazyCache wide", 2.0), ("EasyCache as is", 0.1)]
+    assert [r["window"] for r in result["rows"] if "window" in r] == [[0.15, 0.95]] * 4 + [[0.0, 1.0]] * 2
     for r in result["rows"]:
         assert len(r["psnr"]) == len(r["ssim"]) == len(r["passes"]) == len(r["seconds"]) == 1
         assert r["speedup_passes"] == round(STEPS / r["passes"][0], 3)
@@ -42,19 +47,43 @@ def test_every_row_is_there_with_per_pair_values(result):
     assert [r["passes"][0] for r in searched] == [r["passes"][0] for r in gc] == [r["k"] for r in searched]
     assert all(sum(r["mask"]) == r["k"] for r in searched)  # the searched mask computes K steps
     assert [x["k"] for x in result["search_vs_auto"]] == [r["k"] for r in searched]
-    assert len(result["headline"]) == 2 * (len(gc) + len(searched))
+    for axis in ("passes", "io"):
+        assert [h["gcache"] for h in result["headline"][axis]] == [
+            r["row"] for r in result["rows"] if r["kind"] in ("gcache", "gcache k", "gcache search")]
 
 
-def test_a_rows_psnr_recomputed_by_hand(result):
-    """LazyCache 0.5 sampled again here; PSNR of the decoded pixels in [0, 1] against plain, by its formula."""
+def test_auto_at_a_fixed_k_computes_it_with_the_policy_auto_saved(result):
+    fixed = [r for r in result["rows"] if r["kind"] == "gcache k"]
+    assert [(r["k"], r["passes"][0], sum(r["mask"])) for r in fixed] == [(2, 2, 2), (3, 3, 3)]
+    assert all(len(r["policies"]) == 1 and r["forecast"] for r in fixed)
+    for r in fixed:  # the target given is K's own predicted speed-up at run 1's io share
+        assert r["target"] == pytest.approx(STEPS / (r["k"] + (STEPS - r["k"]) * result["io_share"]), rel=1e-4)
+
+
+def test_io_inclusive_speedup_by_its_formula(result):
+    r_io = result["io_share"]
+    assert 0 < r_io < 1
+    for r in result["rows"]:
+        k = r["passes"][0]
+        want = STEPS / (k + (STEPS - k) * r_io) if r["kind"].startswith("gcache") else STEPS / k
+        assert r["speedup_io"] == pytest.approx(want, abs=2e-3), r["row"]
+
+
+def test_two_rows_psnr_recomputed_by_hand(result):
+    """LazyCache 0.5 and plain sampling with 3 steps sampled again here (KSampler's own function, the same sampler
+    and scheduler); PSNR of the decoded pixels in [0, 1] against plain 8 steps, by its formula."""
     m = load(FLUX).patcher
 
-    def pixels(model):
-        z = comfy_nodes.common_ksampler(model, 0, STEPS, 3.5, "euler", "simple", comfy_cond(FLUX, 0),
-                                        comfy_cond(FLUX, -1), {"samples": torch.zeros(1, *FLUX.latent_shape)})[0]
-        return (data.decode(m.model.process_latent_in(z["samples"])).clamp(-1, 1) * 0.5 + 0.5).double()
+    def pixels(model, steps=STEPS):
+        with torch.inference_mode():
+            z = comfy_nodes.common_ksampler(model, 0, steps, 3.5, "euler", "simple", comfy_cond(FLUX, 0),
+                                            comfy_cond(FLUX, -1), {"samples": torch.zeros(1, *FLUX.latent_shape)})[0]
+            return (data.decode(m.model.process_latent_in(z["samples"])).clamp(-1, 1) * 0.5 + 0.5).double()
 
-    ref, lazy = pixels(m), pixels(LazyCacheNode.execute(m, 0.5, 0.15, 0.95, False).result[0])
-    want = 10 * math.log10(1.0 / float(((lazy - ref) ** 2).mean()))
-    row = next(r for r in result["rows"] if r["row"] == "LazyCache 0.5")
-    assert row["psnr"][0] == pytest.approx(want, abs=1e-2)
+    ref = pixels(m)
+    for label, img in (("LazyCache 0.5", pixels(LazyCacheNode.execute(m, 0.5, 0.15, 0.95, False).result[0])),
+                       ("plain 3 steps", pixels(m, 3))):
+        want = 10 * math.log10(1.0 / float(((img - ref) ** 2).mean()))
+        row = next(r for r in result["rows"] if r["row"] == label)
+        assert row["psnr"][0] == pytest.approx(want, abs=1e-2), label
+    assert next(r for r in result["rows"] if r["row"] == "plain 3 steps")["passes"] == [3]
