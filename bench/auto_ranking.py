@@ -296,6 +296,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--per-label", type=whole(1), default=2, help="ComfyUI models: held-out noises per class prompt")
     ap.add_argument("--keep-profiles", default=None, help="copy each model's profile into this folder")
     a = ap.parse_args(argv)
+    if any(k >= STEPS for k in a.ks):
+        ap.error(f"--ks {' '.join(map(str, a.ks))}: each K is below the {STEPS} steps")
+    from ..core import forecasters
+    unknown = [f for f in a.forecasters if f not in forecasters.names()]
+    if unknown:
+        ap.error(f"--forecasters {' '.join(unknown)}: not a forecaster (known: {', '.join(forecasters.names())})")
     import torch
     torch.set_num_threads(1)
     comfy = [m for m in a.models if m != "reference"]

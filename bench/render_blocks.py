@@ -145,6 +145,8 @@ SCRIPTS = [  # script, what it measures, its run in bench/runs.py (or its durati
     ("bench/quality.py", "quality at equal K: GCache's instant policies, forecasters and search against uniform and "
      "TeaCache-like masks and rival forecasters", "quality_quick", ""),
     ("bench/auto_error_models.py", "which error model's mask auto applies its forecaster on", "auto_error_models", ""),
+    ("bench/auto_ranking.py", "how well auto's predictions rank (mask, forecaster) pairs by measured quality, and "
+     "what auto's true-loss check picks, on the reference model and the trained tiny models", "auto_ranking", ""),
     ("bench/l2p_keeps.py", "how many residuals the l2p forecaster keeps", "l2p_keeps", ""),
     ("bench/few_steps.py", "caching against simply sampling fewer steps, at 4 to 30 steps and 2× to 5×", "few_steps",
      ""),
@@ -974,3 +976,50 @@ def choice_regret_prose(results) -> str:
             f"{num(old['worst'], '.2f')} dB at worst, where no margin had {num(new['median'], '.2f')}, "
             f"{num(new['mean'], '.2f')} and {num(new['worst'], '.2f')} dB (better in {better} of {len(rows)} searches, "
             f"worse in {worse})")
+
+
+# ------------------------------------------------------------------------------------------------ how-it-works.md
+RANKING_RUNS = ("auto_ranking", "auto_ranking_flux", "auto_ranking_wan")  # the reference model; the trained ones
+
+
+def ranking_models(results):
+    for run in RANKING_RUNS:
+        for name, res in results(run)["models"].items():
+            yield name, res
+
+
+def _pair(r) -> str:
+    return f"{r['forecaster']} on {', '.join(map(str, r['steps']))}"
+
+
+@block("auto_ranking.table")
+def auto_ranking_table(results) -> str:
+    out = []
+    for name, res in ranking_models(results):
+        for k in res["ks"]:
+            best = k["best"]
+            c = k["checked"]
+            out.append([name, k["K"], len(k["rows"]), db(k["spearman_score"], "+.2f"),
+                        f"{db(k['auto_psnr'])} ({k['auto_forecaster']})",
+                        f"{db(c['psnr'])} ({c['forecaster']}{'' if len(c['steps']) == k['K'] else ', K − 1'})",
+                        f"{db(best['psnr'])} ({_pair(best)})", db(k["fewer_steps_psnr"])])
+    return table(["model", "K", "pairs", "Spearman (score, PSNR)", "auto before (instant)", "auto now (checked)",
+                  "best pair measured", "fewer steps"], out)
+
+
+@block("auto_ranking.sizes")
+def auto_ranking_sizes(results) -> str:
+    return "; ".join(f"{name}: {res['pairs']} held-out pairs, {min(len(k['rows']) for k in res['ks'])}–"
+                     f"{max(len(k['rows']) for k in res['ks'])} (mask, forecaster) pairs per K"
+                     for name, res in ranking_models(results))
+
+
+@block("auto_ranking.misranked")
+def auto_ranking_misranked(results) -> str:
+    parts = []
+    for name, res in ranking_models(results):
+        k = min(res["ks"], key=lambda k: k["K"])
+        m = k["misranked"][0]
+        parts.append(f"{name}, K = {k['K']}: {_pair(m)} ({m['mask']}) ranked {m['score_rank']} by the score and "
+                     f"{m['psnr_rank']} by PSNR ({db(m['psnr'])} dB)")
+    return "; ".join(parts)

@@ -47,6 +47,10 @@ COMFYUI_0364_ENV, COMFYUI_0364_PYTHON = (("COMFYUI_PATH", "../comfyui-0.3.64"),)
 COMPOSITION = ("bench/composition.py", "tests/comfyui/composition_cases.py", "tests/comfyui/tiny_models.py",
                "nodes/patching", "nodes/apply_node.py", "nodes/modes/apply.py", "nodes/modes/base.py",
                "core/engine.py", "core/policy.py", "core/forecasters")
+# bench/auto_ranking.py on the trained models: sized to run in minutes on one core (see its docs for the sizes)
+RANKING_COMFY = ("--random", "0", "--per-label", "1", "--forecasters", "reuse", "linear", "fitted")
+RANKING_SOURCES = ("bench/auto_ranking.py", "bench/peers.py", "comfy_models", "comfy_models/flux_tiny.safetensors",
+                   "comfy_models/wan_tiny.safetensors", "core", "search", "nodes")
 SPEED = ("bench/speed.py", "bench/speed_harness.py", "bench/speed_models.py", "bench/speed_comfy.py", "core",
          "search/baselines.py")
 
@@ -96,6 +100,11 @@ RUNS = {r.name: r for r in (
         ("bench/quality.py", "bench/rivals.py") + QUALITY, minutes=14),
     Run("auto_error_models", "gcache.bench.auto_error_models", (), ("bench/auto_error_models.py", "bench/quality.py")
         + QUALITY, minutes=6),
+    Run("auto_ranking", "gcache.bench.auto_ranking", (), ("bench/auto_ranking.py",) + QUALITY, minutes=15),
+    Run("auto_ranking_flux", "gcache.bench.auto_ranking", RANKING_COMFY + ("--models", "flux", "--ks", "3", "4", "5", "8"),
+        RANKING_SOURCES, minutes=6, needs="comfyui", env=COMFYUI_ENV, python=COMFYUI_PYTHON),
+    Run("auto_ranking_wan", "gcache.bench.auto_ranking", RANKING_COMFY + ("--models", "wan", "--ks", "4", "5", "8"),
+        RANKING_SOURCES, minutes=10, needs="comfyui", env=COMFYUI_ENV, python=COMFYUI_PYTHON),
     Run("l2p_keeps", "gcache.bench.l2p_keeps", (), ("bench/l2p_keeps.py", "bench/rivals.py") + QUALITY, minutes=2),
     Run("forecaster_check", "gcache.bench.forecaster_check", (), ("bench/forecaster_check.py",
                                                                  "bench/search_setup.py") + QUALITY, minutes=8),

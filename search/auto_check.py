@@ -8,10 +8,12 @@ sampler's multistep history too). A sampled candidate carries all of that: its l
 is the loss the policy has, on one seed.
 
 Candidates (`candidates`), in order, as many as the budget pays for:
-  1. auto's instant policy (search/instant.py: the bound's forecaster on the reuse DP's mask): the fallback;
-  2. the same mask with each other candidate forecaster (auto_candidates);
-  3. the same forecasters on the mask of the K − 1 reuse DP (a policy computing fewer steps meets the target too),
-     so that a K whose best mask is worse than K − 1's is never chosen.
+  1. auto's instant policy (search/instant.py: the bound's forecaster on the reuse DP's theory mask): the fallback;
+  2. the same forecaster on the reuse DP's mask under w = 0 (local): the theory weight leaves the early steps to
+     step 0's residual at low K, which measured worst on the trained Wan-class model (bench/auto_ranking.py);
+  3. auto's instant policy at K − 1 (a policy computing fewer steps meets the target too): where the budget pays for
+     it, the pick at K is never judged worse than the instant policy of K − 1 on the same inputs;
+  4. each other candidate forecaster (auto_candidates) on the masks of 1, 2 and 3, in that order.
 A candidate costs K + (N − K)·io_share steps (a skipped step still runs the model's input and output layers);
 together they cost at most one full run (N steps). The check picks the lowest loss; a tie goes to the earlier one.
 """
@@ -42,23 +44,25 @@ def candidates(profile: Profile, k: int, first: Optional[Policy] = None, io_shar
         first = instant.auto_policy(profile, k, instant.choose_forecaster(profile, k)[0])
     if k < 2:  # one computed step: every forecaster reuses it, so there is nothing to compare
         return [first]
-    order = [first]
-    seen = {(tuple(first.mask), first.forecast)}
-    others = [f for f in instant.auto_candidates() if f != first.forecast]
-    masks = [first.mask]
-    if k > 2:  # K − 1's mask: meets the target too (fewer steps computed), guards against a worse K
-        masks.append(instant.auto_policy(profile, k - 1, "reuse").mask)
-    for mask in masks:
-        for fc in ([first.forecast] if mask is not first.mask else []) + others:
-            key = (tuple(mask), fc)
-            if key in seen or (not _forecasts(mask) and any(m == tuple(mask) for m, _ in seen)):
-                continue  # (a mask whose skipped steps all follow one computed step: every forecaster reuses)
-            seen.add(key)
-            order.append(instant.auto_policy(profile, sum(mask), fc) if mask is not first.mask else
-                         Policy.for_mask(profile, mask, fc, method=instant.instant_name("theory", fc,
-                                                                                         instant.auto_error_model(fc)),
-                                         provenance=dict(first.provenance, mask_dp="the reuse DP's mask"),
-                                         metrics=profile.io.metrics(len(mask), int(sum(mask)))))
+    local = instant.forecast_dp(profile, instant.propagation_weights(profile, "local"), k, "reuse")[0]
+    order = [first, _on_mask(profile, Policy(mask=list(local), method="local",
+                                             provenance={"mask_dp": "the reuse DP's mask under w = 0 (local)"}),
+                             first.forecast, first)]
+    if k > 2:  # auto's instant policy at K - 1 (its own forecaster): meets the target too, and a larger K is then
+        # never checked worse than the smaller K's instant policy on the same inputs
+        order.append(instant.auto_policy(profile, k - 1, instant.choose_forecaster(profile, k - 1)[0]))
+    for base in list(order):  # the other candidate forecasters on each of those masks
+        for fc in instant.auto_candidates():
+            if fc != base.forecast:
+                order.append(_on_mask(profile, base, fc, first))
+    seen, unique = set(), []
+    for pol in order:
+        key = (tuple(pol.mask), pol.forecast)
+        if key in seen or (not _forecasts(pol.mask) and any(m == key[0] for m, _ in seen)):
+            continue  # (a mask whose skipped steps all follow one computed step: every forecaster reuses)
+        seen.add(key)
+        unique.append(pol)
+    order = unique
     budget = (BUDGET_RUNS if budget_runs is None else budget_runs) * profile.n_steps
     out, spent = [order[0]], 0.0
     for pol in order:
@@ -69,6 +73,17 @@ def candidates(profile: Profile, k: int, first: Optional[Policy] = None, io_shar
         if pol is not order[0]:
             out.append(pol)
     return out
+
+
+def _on_mask(profile: Profile, base: Policy, fc: str, first: Policy) -> Policy:
+    """`base`'s mask applied with forecaster `fc` (its parameters fitted to the mask), named as auto names it."""
+    from . import instant
+    weight = "local" if base.method.startswith("local") else "theory"
+    return Policy.for_mask(profile, base.mask, fc,
+                           method=instant.instant_name(weight, fc, instant.auto_error_model(fc)),
+                           provenance=dict(first.provenance, k=base.n_computed, instant=weight,
+                                           mask_dp=base.provenance.get("mask_dp", "the reuse DP's mask")),
+                           metrics=profile.io.metrics(len(base.mask), base.n_computed))
 
 
 def _forecasts(mask: Sequence[int]) -> bool:

@@ -75,3 +75,28 @@ def test_a_tie_goes_to_the_earlier_candidate_and_a_missing_loss_is_refused(profi
 def test_mse_is_the_mean_squared_difference():
     a, b = torch.tensor([[0.0, 1.0], [2.0, 3.0]]), torch.tensor([[1.0, 1.0], [0.0, 3.0]])
     assert auto_check.mse(a, b) == pytest.approx((1 + 0 + 4 + 0) / 4)
+
+
+def test_on_the_reference_model_a_larger_k_is_never_checked_worse_than_the_smaller_ks_instant_policy():
+    """The check at K samples K - 1's instant mask under every candidate forecaster (within budget), so its pick is
+    never judged worse than what auto's instant policy at K - 1 gives on the same inputs; and the loss it records
+    is the mean squared difference of the sampled images, recomputed here by hand."""
+    from gcache.reference_model.harness import ReferenceHarness
+    h = ReferenceHarness(10)
+    seeds = [1000, 1001]
+    prof = h.profile(seeds, forecast=True)
+    ref = h.full(seeds)
+
+    def sample(p):
+        return h.run(seeds, p.mask, forecast=p.forecast, forecast_params=p.forecast_params)[0]
+
+    for k in range(3, 7):
+        cands = auto_check.candidates(prof, k, io_share=0.0, budget_runs=2.0)
+        chosen, rec = auto_check.check(cands, sample, ref, auto_check.mse)
+        smaller = auto_policy(prof, k - 1, choose_forecaster(prof, k - 1)[0])
+        hit = [c for c in rec["candidates"] if c["steps"] == smaller.compute_steps()
+               and c["forecast"] == smaller.forecast]
+        assert hit, (k, rec["what"])
+        assert min(c["loss"] for c in rec["candidates"]) <= hit[0]["loss"]
+        by_hand = float(((sample(chosen).double() - ref.double()) ** 2).mean())
+        assert rec["candidates"][rec["chosen"]]["loss"] == pytest.approx(by_hand, rel=1e-5)
