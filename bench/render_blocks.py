@@ -1023,3 +1023,45 @@ def auto_ranking_misranked(results) -> str:
         parts.append(f"{name}, K = {k['K']}: {_pair(m)} ({m['mask']}) ranked {m['score_rank']} by the score and "
                      f"{m['psnr_rank']} by PSNR ({db(m['psnr'])} dB)")
     return "; ".join(parts)
+
+
+@block("auto_ranking.within")
+def auto_ranking_within(results) -> str:
+    """Per model: the median Spearman of the score within one forecaster (masks only) against over every pair."""
+    import statistics
+    parts = []
+    for name, res in ranking_models(results):
+        within = [v for k in res["ks"] for v in k["spearman_by_forecaster"].values() if v is not None]
+        overall = [k["spearman_score"] for k in res["ks"] if k["spearman_score"] is not None]
+        parts.append(f"{name} {num(statistics.median(within), '+.2f')} within a forecaster, "
+                     f"{num(statistics.median(overall), '+.2f')} over all pairs")
+    return "; ".join(parts)
+
+
+@block("auto_ranking.forecaster_gap")
+def auto_ranking_forecaster_gap(results) -> str:
+    """Per model: on auto's own mask, the best forecaster measured minus auto's pick, at each K (dB)."""
+    parts = []
+    for name, res in ranking_models(results):
+        gaps = []
+        for k in res["ks"]:
+            on_mask = [r for r in k["rows"] if r["steps"] == k["auto_steps"]]
+            best = max(on_mask, key=lambda r: r["psnr"])
+            gaps.append(f"K = {k['K']} {best['forecaster']} {num(best['psnr'] - k['auto_psnr'], '+.2f')}")
+        parts.append(f"{name}: " + ", ".join(gaps))
+    return "; ".join(parts)
+
+
+@block("auto_ranking.mask_gap")
+def auto_ranking_mask_gap(results) -> str:
+    """Per model at its lowest K: auto's forecaster on the local-weight reuse DP mask minus on auto's theory mask."""
+    parts = []
+    for name, res in ranking_models(results):
+        k = min(res["ks"], key=lambda k: k["K"])
+        local = next((r for r in k["rows"] if r["mask"] == "dp_reuse_local"
+                      and r["forecaster"] == k["auto_forecaster"]), None)
+        if local is None:  # the local mask is auto's own mask at this K
+            continue
+        parts.append(f"{name}, K = {k['K']}: steps {', '.join(map(str, k['auto_steps']))} → "
+                     f"{', '.join(map(str, local['steps']))}, {num(local['psnr'] - k['auto_psnr'], '+.2f')} dB")
+    return "; ".join(parts)

@@ -9,11 +9,12 @@ is the loss the policy has, on one seed.
 
 Candidates (`candidates`), in order, as many as the budget pays for:
   1. auto's instant policy (search/instant.py: the bound's forecaster on the reuse DP's theory mask): the fallback;
-  2. the same forecaster on the reuse DP's mask under w = 0 (local): the theory weight leaves the early steps to
-     step 0's residual at low K, which measured worst on the trained Wan-class model (bench/auto_ranking.py);
-  3. auto's instant policy at K − 1 (a policy computing fewer steps meets the target too): where the budget pays for
-     it, the pick at K is never judged worse than the instant policy of K − 1 on the same inputs;
-  4. each other candidate forecaster (auto_candidates) on the masks of 1, 2 and 3, in that order.
+  2. each other candidate forecaster (auto_candidates) on that mask: the bound's forecaster lost by 1-8 dB to
+     another one on the same mask on the trained models (bench/auto_ranking.py);
+  3. the reuse DP's mask under w = 0 (local), under auto's forecaster and then the others: the theory weight leaves the
+     early steps to step 0's residual at low K, which measured worst on the trained Wan-class model;
+  4. auto's instant policy at K − 1 (fewer computed steps meet the target too), then the others on its mask: where the
+     budget pays for it, the pick at K is never judged worse than K − 1's instant policy on the same inputs.
 A candidate costs K + (N − K)·io_share steps (a skipped step still runs the model's input and output layers);
 together they cost at most one full run (N steps). The check picks the lowest loss; a tie goes to the earlier one.
 """
@@ -45,16 +46,15 @@ def candidates(profile: Profile, k: int, first: Optional[Policy] = None, io_shar
     if k < 2:  # one computed step: every forecaster reuses it, so there is nothing to compare
         return [first]
     local = instant.forecast_dp(profile, instant.propagation_weights(profile, "local"), k, "reuse")[0]
-    order = [first, _on_mask(profile, Policy(mask=list(local), method="local",
+    bases = [first, _on_mask(profile, Policy(mask=list(local), method="local",
                                              provenance={"mask_dp": "the reuse DP's mask under w = 0 (local)"}),
                              first.forecast, first)]
-    if k > 2:  # auto's instant policy at K - 1 (its own forecaster): meets the target too, and a larger K is then
-        # never checked worse than the smaller K's instant policy on the same inputs
-        order.append(instant.auto_policy(profile, k - 1, instant.choose_forecaster(profile, k - 1)[0]))
-    for base in list(order):  # the other candidate forecasters on each of those masks
-        for fc in instant.auto_candidates():
-            if fc != base.forecast:
-                order.append(_on_mask(profile, base, fc, first))
+    if k > 2:  # auto's instant policy at K - 1 (its own forecaster): meets the target too
+        bases.append(instant.auto_policy(profile, k - 1, instant.choose_forecaster(profile, k - 1)[0]))
+    order = [first] + [_on_mask(profile, first, fc, first) for fc in instant.auto_candidates() if fc != first.forecast]
+    for base in bases[1:]:  # then each further mask under auto's forecaster and the others
+        order += [base] + [_on_mask(profile, base, fc, first) for fc in instant.auto_candidates()
+                           if fc != base.forecast]
     seen, unique = set(), []
     for pol in order:
         key = (tuple(pol.mask), pol.forecast)
