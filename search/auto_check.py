@@ -51,10 +51,9 @@ def candidates(profile: Profile, k: int, first: Optional[Policy] = None, io_shar
                              first.forecast, first)]
     if k > 2:  # auto's instant policy at K - 1 (its own forecaster): meets the target too
         bases.append(instant.auto_policy(profile, k - 1, instant.choose_forecaster(profile, k - 1)[0]))
-    order = [first] + [_on_mask(profile, first, fc, first) for fc in instant.auto_candidates() if fc != first.forecast]
+    order = [first] + [_on_mask(profile, first, fc, first) for fc in _others(first.forecast)]
     for base in bases[1:]:  # then each further mask under auto's forecaster and the others
-        order += [base] + [_on_mask(profile, base, fc, first) for fc in instant.auto_candidates()
-                           if fc != base.forecast]
+        order += [base] + [_on_mask(profile, base, fc, first) for fc in _others(base.forecast)]
     seen, unique = set(), []
     for pol in order:
         key = (tuple(pol.mask), pol.forecast)
@@ -73,6 +72,14 @@ def candidates(profile: Profile, k: int, first: Optional[Policy] = None, io_shar
         if pol is not order[0]:
             out.append(pol)
     return out
+
+
+def _others(forecast: str) -> list[str]:
+    """The candidate forecasters other than `forecast`, those that forecast first (linear won on auto's mask on the
+    trained models at 4 of the 6 (model, K) measured, reuse at 1: bench/auto_ranking.py)."""
+    from ..core import forecasters
+    from .instant import auto_candidates
+    return sorted((f for f in auto_candidates() if f != forecast), key=lambda f: not forecasters.get(f).forecasts)
 
 
 def _on_mask(profile: Profile, base: Policy, fc: str, first: Policy) -> Policy:
