@@ -44,8 +44,8 @@ from .base import ModeConfig, catalog_for, check_step_mismatch
 from .profile import ProfileConfig
 
 log = logging.getLogger("gcache")
-# 5: the policy a true-loss check chose among candidates on run 1's inputs (search/auto_check.py), where
-# the budget pays for two or more; 4: a forecaster's mask is the reuse DP's (search/instant.py AUTO_ERROR_MODEL); 3: built from a profile whose E is
+# 5: run 1 saves the policy a true-loss check chose among candidates on its own inputs (search/auto_check.py),
+# where the budget pays for two or more (a policy built later from the saved profile is the instant one); 4: a forecaster's mask is the reuse DP's (search/instant.py AUTO_ERROR_MODEL); 3: built from a profile whose E is
 # the mean absolute difference (profile format 2); 2: the forecaster the profile
 # says is best, at a measured io share, from profiles that may hold a squared E (core/profile.py); 1: reuse,
 # estimated share, from profiles without forecast statistics
@@ -78,12 +78,6 @@ class AutoConfig(ModeConfig):
                 patcher, run_sigmas, sample_key)
         notes: list[str] = []  # what this run found on the way (damaged files, searched policies it does not take)
         policy, how = self.find_policy(name, notes)
-        if isinstance(policy, _CheckRun):  # a profile, no policy for this target yet: this run is the check's reference
-            _say(notes, how)
-            run = ApplyConfig(**self.common(), policy=Policy.all_ones(sched.n_global)).begin(patcher, run_sigmas,
-                                                                                            sample_key)
-            self._check_then_save(run, policy.instant, policy.profile, name, patcher, run_sigmas, sample_key)
-            return run
         if policy is not None and self._unchecked():  # a ComfyUI (or GCache) this model was not checked on yet
             _say(notes, f"{how} from the next run: the skip path of {self.subject.where()} has not been "
                         "self-checked yet, so this run computes every step and checks it")
@@ -301,12 +295,6 @@ class AutoConfig(ModeConfig):
             pol, dropped = None, path
         if prof is not None and prof.count > 0 and (pol is None or prof.has_fit_stats()):
             made = self.build(name, prof)
-            n_cands = len(self._candidates(made, prof))
-            if n_cands >= 2 and cant_write(self.folder) is None:  # (one candidate: nothing to compare, saved now)
-                return _CheckRun(made, prof), (
-                    f"no {os.path.basename(path)} yet{'' if pol is None else ' (made by an older auto)'}: this run "
-                    f"computes every step, then checks {n_cands} candidate policies from the saved "
-                    f"{os.path.basename(prof_path)} on its inputs, and saves the best")
             if self.forecast is not None:
                 return made, (f"built the policy for the forecast input ({self.forecast}; K = {made.n_computed} of "
                               f"{made.n_steps}) from the saved {os.path.basename(prof_path)}, not saved as "
@@ -370,13 +358,6 @@ class AutoConfig(ModeConfig):
             log.info("GCache Apply auto: forecast %s for K = %d (held-out bounds: %s%s).", fc, k,
                      ", ".join(f"{n} {v:.4g}" for n, v in scores.items()), rule)
         return pol
-
-
-@dataclass
-class _CheckRun:
-    """find_policy's answer when this run is to compute every step and check candidates built from `profile`."""
-    instant: Policy
-    profile: Profile
 
 
 def _say(notes: list[str], how: str, level: int = logging.INFO) -> None:
