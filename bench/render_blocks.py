@@ -161,6 +161,8 @@ SCRIPTS = [  # script, what it measures, its run in bench/runs.py (or its durati
     ("bench/quality.py", "quality at equal K: GCache's instant policies, forecasters and search against uniform and "
      "TeaCache-like masks and rival forecasters", "quality_quick", ""),
     ("bench/auto_error_models.py", "which error model's mask auto applies its forecaster on", "auto_error_models", ""),
+    ("bench/auto_ranking.py", "how well auto's predictions rank (mask, forecaster) pairs by measured quality, and "
+     "what auto's true-loss check picks, on the reference model and the trained tiny models", "auto_ranking", ""),
     ("bench/l2p_keeps.py", "how many residuals the l2p forecaster keeps", "l2p_keeps", ""),
     ("bench/few_steps.py", "caching against simply sampling fewer steps, at 4 to 30 steps and 2× to 5×", "few_steps",
      ""),
@@ -1096,3 +1098,92 @@ def _margins_table(results, run: str) -> str:
 
 for _run in ("selfcheck_margins", "selfcheck_margins_0.3.64"):
     block(f"{_run}.table")(lambda results, _run=_run: _margins_table(results, _run))
+
+
+# ------------------------------------------------------------------------------------------------ how-it-works.md
+RANKING_RUNS = ("auto_ranking", "auto_ranking_flux", "auto_ranking_wan")  # the reference model; the trained ones
+
+
+def ranking_models(results):
+    for run in RANKING_RUNS:
+        for name, res in results(run)["models"].items():
+            yield name, res
+
+
+def _pair(r) -> str:
+    return f"{r['forecaster']} on {', '.join(map(str, r['steps']))}"
+
+
+@block("auto_ranking.table")
+def auto_ranking_table(results) -> str:
+    out = []
+    for name, res in ranking_models(results):
+        for k in res["ks"]:
+            best = k["best"]
+            c = k["checked"]
+            out.append([name, k["K"], len(k["rows"]), db(k["spearman_score"], "+.2f"),
+                        f"{db(k['auto_psnr'])} ({k['auto_forecaster']})",
+                        f"{db(c['psnr'])} ({c['forecaster']}{'' if len(c['steps']) == k['K'] else ', K − 1'})",
+                        f"{db(best['psnr'])} ({_pair(best)})", db(k["fewer_steps_psnr"])])
+    return table(["model", "K", "pairs", "Spearman (score, PSNR)", "auto before (instant)", "auto now (checked)",
+                  "best pair measured", "fewer steps"], out)
+
+
+@block("auto_ranking.sizes")
+def auto_ranking_sizes(results) -> str:
+    return "; ".join(f"{name}: {res['pairs']} held-out pairs, {min(len(k['rows']) for k in res['ks'])}–"
+                     f"{max(len(k['rows']) for k in res['ks'])} (mask, forecaster) pairs per K"
+                     for name, res in ranking_models(results))
+
+
+@block("auto_ranking.misranked")
+def auto_ranking_misranked(results) -> str:
+    parts = []
+    for name, res in ranking_models(results):
+        k = min(res["ks"], key=lambda k: k["K"])
+        m = k["misranked"][0]
+        parts.append(f"{name}, K = {k['K']}: {_pair(m)} ({m['mask']}) ranked {m['score_rank']} by the score and "
+                     f"{m['psnr_rank']} by PSNR ({db(m['psnr'])} dB)")
+    return "; ".join(parts)
+
+
+@block("auto_ranking.within")
+def auto_ranking_within(results) -> str:
+    """Per model: the median Spearman of the score within one forecaster (masks only) against over every pair."""
+    import statistics
+    parts = []
+    for name, res in ranking_models(results):
+        within = [v for k in res["ks"] for v in k["spearman_by_forecaster"].values() if v is not None]
+        overall = [k["spearman_score"] for k in res["ks"] if k["spearman_score"] is not None]
+        parts.append(f"{name} {num(statistics.median(within), '+.2f')} within a forecaster, "
+                     f"{num(statistics.median(overall), '+.2f')} over all pairs")
+    return "; ".join(parts)
+
+
+@block("auto_ranking.forecaster_gap")
+def auto_ranking_forecaster_gap(results) -> str:
+    """Per model: on auto's own mask, the best forecaster measured minus auto's pick, at each K (dB)."""
+    parts = []
+    for name, res in ranking_models(results):
+        gaps = []
+        for k in res["ks"]:
+            on_mask = [r for r in k["rows"] if r["steps"] == k["auto_steps"]]
+            best = max(on_mask, key=lambda r: r["psnr"])
+            gaps.append(f"K = {k['K']} {best['forecaster']} {num(best['psnr'] - k['auto_psnr'], '+.2f')}")
+        parts.append(f"{name}: " + ", ".join(gaps))
+    return "; ".join(parts)
+
+
+@block("auto_ranking.mask_gap")
+def auto_ranking_mask_gap(results) -> str:
+    """Per model at its lowest K: auto's forecaster on the local-weight reuse DP mask minus on auto's theory mask."""
+    parts = []
+    for name, res in ranking_models(results):
+        k = min(res["ks"], key=lambda k: k["K"])
+        local = next((r for r in k["rows"] if r["mask"] == "dp_reuse_local"
+                      and r["forecaster"] == k["auto_forecaster"]), None)
+        if local is None:  # the local mask is auto's own mask at this K
+            continue
+        parts.append(f"{name}, K = {k['K']}: steps {', '.join(map(str, k['auto_steps']))} → "
+                     f"{', '.join(map(str, local['steps']))}, {num(local['psnr'] - k['auto_psnr'], '+.2f')} dB")
+    return "; ".join(parts)

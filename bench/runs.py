@@ -53,6 +53,10 @@ SELFCHECK = ("bench/selfcheck_margins.py", "core", "nodes/patching", "nodes/mode
              "tests/comfyui/tiny_image_models_033.py", "tests/comfyui/tiny_video_models_033.py")
 PEERS = ("bench/peers.py", "bench/peers_compare.py", "comfy_models", "comfy_models/flux_tiny.safetensors",
          "comfy_models/wan_tiny.safetensors", "core", "search", "nodes")
+# bench/auto_ranking.py on the trained models: sized to run in minutes on one core (see its docs for the sizes)
+RANKING_COMFY = ("--random", "0", "--per-label", "1", "--forecasters", "reuse", "linear", "fitted")
+RANKING_SOURCES = ("bench/auto_ranking.py", "bench/peers.py", "comfy_models", "comfy_models/flux_tiny.safetensors",
+                   "comfy_models/wan_tiny.safetensors", "core", "search", "nodes")
 SPEED = ("bench/speed.py", "bench/speed_harness.py", "bench/speed_models.py", "bench/speed_comfy.py", "core",
          "search/baselines.py")
 
@@ -102,6 +106,12 @@ RUNS = {r.name: r for r in (
         ("bench/quality.py", "bench/rivals.py") + QUALITY, minutes=14),
     Run("auto_error_models", "gcache.bench.auto_error_models", (), ("bench/auto_error_models.py", "bench/quality.py")
         + QUALITY, minutes=6),
+    Run("auto_ranking", "gcache.bench.auto_ranking", (), ("bench/auto_ranking.py",) + QUALITY, minutes=15),
+    Run("auto_ranking_flux", "gcache.bench.auto_ranking",
+        RANKING_COMFY + ("--models", "flux", "--ks", "3", "4", "5", "8"),
+        RANKING_SOURCES, minutes=6, needs="comfyui", env=COMFYUI_ENV, python=COMFYUI_PYTHON),
+    Run("auto_ranking_wan", "gcache.bench.auto_ranking", RANKING_COMFY + ("--models", "wan", "--ks", "4", "5", "8"),
+        RANKING_SOURCES, minutes=10, needs="comfyui", env=COMFYUI_ENV, python=COMFYUI_PYTHON),
     Run("l2p_keeps", "gcache.bench.l2p_keeps", (), ("bench/l2p_keeps.py", "bench/rivals.py") + QUALITY, minutes=2),
     Run("forecaster_check", "gcache.bench.forecaster_check", (), ("bench/forecaster_check.py",
                                                                  "bench/search_setup.py") + QUALITY, minutes=8),

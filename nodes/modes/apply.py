@@ -32,6 +32,7 @@ class ApplyConfig(ModeConfig):
     cache_device: Optional[str] = None  # None: the model's device; "cpu"
     forecast: Optional[str] = None   # None: the policy's forecaster; a forecaster's name overrides it
     check: bool = False              # self-check the skip path when the policy computes every step
+    quiet: bool = False              # a run the user does not see (auto's check of a candidate): its line at debug
 
     def begin(self, patcher, run_sigmas: list[float], sample_key: Callable[[], str]) -> RunState:
         pol = self.policy
@@ -67,8 +68,9 @@ class ApplyConfig(ModeConfig):
                                  f"{how}, {fc.keeps} residuals kept per branch" if fc.keeps > 1 else "",
                                  windows_note(run, stats))
                      if x]
-            log.info("%s [%s, %s%s]%s", stats.summary(share), self.model_name, sched.where(),
-                     "".join(f"; {x}" for x in extra), "" if ok else " (sampling did not finish)")
+            log.log(logging.DEBUG if self.quiet else logging.INFO, "%s [%s, %s%s]%s", stats.summary(share),
+                    self.model_name, sched.where(), "".join(f"; {x}" for x in extra),
+                    "" if ok else " (sampling did not finish)")
 
         # forecasting in the model's normalized time of the global schedule (t = σ for flow models); a clock per
         # lane times its steps (the measured speed-up of the log line)

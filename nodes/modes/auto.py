@@ -36,6 +36,7 @@ from ..artifacts import FOLDER_FIX, cant_write
 from ..patching.adapters import Route
 from ..patching.content_hash import content_hash, model_key
 from ..patching.runtime import RunState
+from ..patching.selfcheck import interrupted
 from ..patching.steps import Schedule, place_run
 from . import verdicts
 from .apply import ApplyConfig
@@ -43,11 +44,13 @@ from .base import ModeConfig, catalog_for, check_step_mismatch
 from .profile import ProfileConfig
 
 log = logging.getLogger("gcache")
-# 4: a forecaster's mask is the reuse DP's (search/instant.py AUTO_ERROR_MODEL); 3: built from a profile whose E is
+# 5: run 1 saves the policy a true-loss check chose among candidates on its own inputs (search/auto_check.py),
+# where the budget pays for two or more (a policy built later from the saved profile is the instant one); 4: a
+# forecaster's mask is the reuse DP's (search/instant.py AUTO_ERROR_MODEL); 3: built from a profile whose E is
 # the mean absolute difference (profile format 2); 2: the forecaster the profile
 # says is best, at a measured io share, from profiles that may hold a squared E (core/profile.py); 1: reuse,
 # estimated share, from profiles without forecast statistics
-AUTO_VERSION = 4
+AUTO_VERSION = 5
 
 
 @dataclass
@@ -115,24 +118,79 @@ class AutoConfig(ModeConfig):
                 log.error("GCache Apply auto: could not make a policy from %s (%s); the next run tries again.",
                           os.path.basename(prof_path), e)
                 return
-            pol_name = os.path.basename(name.policy_path(self.folder))
             if self.forecast is not None:  # Apply's forecast input chose the forecaster: such policies aren't saved
                 log.info("GCache Apply auto: built the policy for the forecast input (%s; K = %d of %d, forecast %s, "
                          "%s at a measured %s), not saved as %s; the next run builds it again from the saved %s.",
                          self.forecast, pol.n_computed, pol.n_steps, pol.forecast,
-                         prof.io.describe_speedup(pol.n_steps, pol.n_computed), prof.io.describe(), pol_name,
-                         os.path.basename(prof_path))
+                         prof.io.describe_speedup(pol.n_steps, pol.n_computed), prof.io.describe(),
+                         os.path.basename(name.policy_path(self.folder)), os.path.basename(prof_path))
                 return
-            unsaved = self._save(pol, name.policy_path(self.folder))
-            if unsaved:
-                log.error("GCache Apply auto: could not save %s (%s); the next run builds it again from the saved %s.",
-                          pol_name, unsaved, os.path.basename(prof_path))
-                return
-            log.info("GCache Apply auto: saved %s (K = %d of %d, forecast %s, %s at a measured %s); the next run "
-                     "applies it.", pol_name, pol.n_computed, pol.n_steps, pol.forecast,
-                     prof.io.describe_speedup(pol.n_steps, pol.n_computed), prof.io.describe())
+            self._check_then_save(run, pol, prof, name, patcher, run_sigmas, sample_key)
         run.on_close.append(finish)
         return run
+
+    # ---------------------------------------------------------------- the true-loss check (search/auto_check.py)
+    def _candidates(self, pol: Policy, prof: Profile) -> list:
+        from ...search.auto_check import candidates
+        if self.forecast is not None or not prof.has_fit_stats():
+            return [pol]
+        out = candidates(prof, pol.n_computed, first=pol, io_share=prof.io.value)
+        for c in out[1:]:  # saved like the instant policy: the same io share, stamps and auto record
+            c.metrics.update(prof.io.metrics(c.n_steps, c.n_computed))
+            stamp(c.provenance, prof.meta)
+            c.provenance["auto"] = dict(pol.provenance.get("auto") or {})
+        return out
+
+    def _check_then_save(self, run: RunState, pol: Policy, prof: Profile, name, patcher, run_sigmas, sample_key):
+        """Saves `pol`, or, when the check has candidates to compare, registers the check (it runs once this run
+        has finished: hooks.py resamples its inputs under each candidate) and saves what it chooses."""
+        from ...search import auto_check
+        cands = self._candidates(pol, prof)
+        if not auto_check.worth_checking(cands):
+            self._save_and_say(pol, prof, name)
+            return
+        share = prof.io.value
+
+        def after(resample, out):
+            def sample(c):
+                cfg = ApplyConfig(**self.common(), policy=c, on_mismatch="remap", cache_device=self.cache_device,
+                                  quiet=True)
+                res = resample(cfg.begin(patcher, run_sigmas, sample_key))
+                return res["samples"] if isinstance(res, dict) else res
+
+            ref = out["samples"] if isinstance(out, dict) else out
+            try:
+                chosen, rec = auto_check.check(cands, sample, ref, auto_check.mse)
+            except Exception as e:  # noqa: BLE001  the image of this run is kept whatever the check raises
+                if interrupted(e):  # nothing saved: the next run checks again
+                    raise
+                log.error("GCache Apply auto: the check of %d candidate policies failed (%s: %s); saving the instant "
+                          "policy.", len(cands), type(e).__name__, e)
+                self._save_and_say(pol, prof, name)
+                return
+            spent = sum(auto_check.cost_steps(c, share) for c in cands)
+            rec["spent_steps"] = round(spent, 3)
+            chosen.provenance["auto"]["forecaster"] = "the check on run 1's inputs (lowest loss against its output)"
+            log.info("GCache Apply auto: checked %d candidate policies on this run's inputs against its output "
+                     "(spent %.1f steps, %.2f of a full run; latent mean squared error: %s): %s.", len(cands), spent,
+                     spent / max(1, chosen.n_steps), rec["what"],
+                     "kept the instant policy" if chosen is cands[0] else
+                     f"chose forecast {chosen.forecast} on steps {chosen.compute_steps()}")
+            self._save_and_say(chosen, prof, name)
+
+        run.after.append(after)
+
+    def _save_and_say(self, pol: Policy, prof: Profile, name) -> None:
+        pol_name = os.path.basename(name.policy_path(self.folder))
+        prof_name = os.path.basename(name.profile_path(self.folder))
+        unsaved = self._save(pol, name.policy_path(self.folder))
+        if unsaved:
+            log.error("GCache Apply auto: could not save %s (%s); the next run builds it again from the saved %s.",
+                      pol_name, unsaved, prof_name)
+            return
+        log.info("GCache Apply auto: saved %s (K = %d of %d, forecast %s, %s at a measured %s); the next run "
+                 "applies it.", pol_name, pol.n_computed, pol.n_steps, pol.forecast,
+                 prof.io.describe_speedup(pol.n_steps, pol.n_computed), prof.io.describe())
 
     def _unchecked(self) -> bool:
         """The model's skip path has no verdict for this ComfyUI and GCache yet (or failed once: checked again), and

@@ -94,23 +94,62 @@ def _outer_sample(executor, *args, **kwargs):
     run = config.start_run(guider.model_patcher, [float(s) for s in a["sigmas"].float().cpu()], sample_key)
     run.context_handler = guider.model_options.get("context_handler") is not None  # ComfyUI's context windows
     patcher, ad = guider.model_patcher, config.adapter
-    if ad.route != Route.FALLBACK:
-        slots = block_slots(ad, patcher.get_model_object("diffusion_model"))
-        if ad.route == Route.DIT:
-            run.slots = slots  # each call's other patches in them get GCache's gate (_apply_model)
-        else:
-            run.replaced = foreign.check_object_patches(patcher.object_patches, [_object_name(s) for s in slots],
-                                                        config.owner)
+    _prepare(run, patcher, ad, config)
+    # the conds as ComfyUI handed them to this wrapper: outer_sample processes guider.conds in place, so a resample
+    # starts again from copies of these (as CFGGuider.sample makes them)
+    conds = {k: [c.copy() for c in v] for k, v in (getattr(guider, "conds", None) or {}).items()}
     token = activate(run)
     ok = False
     try:
         with memory_compiler.for_run(run, ad.route, patcher.load_device):
             out = executor(*args, **kwargs)
         ok = True
-        return out
     finally:
         deactivate(token)
         run.close(ok)
+    if run.after:  # sampling finished and the run is closed: what the mode does with the same inputs again
+        quiet_args, quiet_kwargs = _quiet(args, kwargs)
+
+        def resample(other):
+            guider.conds = {k: [c.copy() for c in v] for k, v in conds.items()}
+            other.context_handler = run.context_handler
+            _prepare(other, patcher, ad, config)
+            tok, fine = activate(other), False
+            try:
+                with memory_compiler.for_run(other, ad.route, patcher.load_device):
+                    res = executor(*quiet_args, **quiet_kwargs)
+                fine = True
+                return res
+            finally:
+                deactivate(tok)
+                other.close(fine)
+
+        for fn in run.after:
+            fn(resample, out)
+    return out
+
+
+def _prepare(run: RunState, patcher, ad, config) -> None:
+    """The run's view of GCache's slots: dit slots for each call's gate, object patches another node replaced."""
+    if ad.route == Route.FALLBACK:
+        return
+    slots = block_slots(ad, patcher.get_model_object("diffusion_model"))
+    if ad.route == Route.DIT:
+        run.slots = slots  # each call's other patches in them get GCache's gate (_apply_model)
+    else:
+        run.replaced = foreign.check_object_patches(patcher.object_patches, [_object_name(s) for s in slots],
+                                                    config.owner)
+
+
+def _quiet(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """OUTER_SAMPLE's arguments for a run the user does not see: no step callback (previews, progress), no bar."""
+    args, kwargs = list(args), dict(kwargs)
+    for i, name, value in ((5, "callback", None), (6, "disable_pbar", True)):
+        if len(args) > i:
+            args[i] = value
+        else:
+            kwargs[name] = value
+    return tuple(args), kwargs
 
 
 def _sampler_sample(executor, *args, **kwargs):

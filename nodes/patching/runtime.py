@@ -140,6 +140,9 @@ class RunState:
         self.selfcheck = None       # a run that computes every step: its self-check of the skip path (selfcheck.py)
         self.off_for_call: Callable = contextlib.nullcontext  # around a call that skips in a run that may not
         #                                                       (the self-check's replay; memory_compiler.py)
+        # after a run that finished: fn(resample, output), resample(run) samples the same inputs again under another
+        # RunState and returns its output (hooks.py; auto's true-loss check of candidate policies, modes/auto.py)
+        self.after: list = []
         self._lanes: dict = {}        # "main", or the device of ComfyUI's MultiGPU CFG split -> lane
         self._by_thread: dict = {}    # thread id -> the lane of its current call
         self._lock = threading.Lock()
