@@ -1,6 +1,8 @@
 """GCache Apply (auto)'s true-loss check in ComfyUI (search/auto_check.py, nodes/modes/auto.py): run 1 resamples its
 own inputs under each candidate policy (hooks.py's OUTER_SAMPLE wrapper), saves the one closest to its own output,
 and spends at most one full run on it."""
+from __future__ import annotations  # the annotations name ComfyUI-only imports (none without COMFYUI_PATH)
+
 import pytest
 from conftest import COMFY, REASON
 
