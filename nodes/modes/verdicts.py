@@ -249,8 +249,9 @@ def say(v: dict, subject: Subject, outcome: Optional[Outcome] = None) -> None:
     """The one log line (and the node's text) of a run's verdict (`v`: the one that stands for the subject; `outcome`:
     what this run's check found, when it differs: a run not checked leaves an earlier first fail standing)."""
     if v["result"] == FAIL and not confirmed(v) and outcome is not None and outcome.result == NOT_CHECKED:
-        text = (f"GCache self-check: not checked for {subject.where()}: {(outcome.why or 'no reason given').rstrip('.')}"
-                f". Its earlier fail ({describe(v)}) stands: every step is computed until a run checks it again.")
+        why = (outcome.why or "no reason given").rstrip(".")
+        text = (f"GCache self-check: not checked for {subject.where()}: {why}. Its earlier fail ({describe(v)}) "
+                "stands: every step is computed until a run checks it again.")
         log.warning(text)
     elif v["result"] == PASS:
         text = (f"GCache self-check passed for {subject.where()}: the skip path reproduced the computed step "
