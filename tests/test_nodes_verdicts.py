@@ -133,3 +133,18 @@ def test_a_why_that_ends_in_a_period_makes_no_double_period(tmp_path, monkeypatc
     for _ in range(2):
         verdicts.say(s.record(Outcome("fail", why)), s)
     assert len(shown) == 2 and all(".." not in t and "Please report this model. GCache" not in t for t in shown)
+
+
+def test_a_run_not_checked_after_a_first_fail_says_so_and_not_that_it_failed(tmp_path, caplog):
+    """A first fail stands until a run checks again; a run whose check could not be made (another node's wrapper
+    sees the replay) says it was not checked, and why, instead of repeating the earlier fail as this run's."""
+    s = subject(tmp_path)
+    s.record(FAIL)
+    unchecked = Outcome("not checked", "another node's code runs inside GCache's model call and would see the replay")
+    kept = s.record(unchecked)
+    assert kept["result"] == "fail"  # the first fail stands
+    with caplog.at_level(logging.INFO, logger="gcache"):
+        verdicts.say(kept, s, unchecked)
+    text = caplog.records[-1].getMessage()
+    assert "not checked" in text and "would see the replay" in text and "earlier fail" in text
+    assert "failed once" not in text and "This run computed" not in text

@@ -196,3 +196,18 @@ def test_heuns_second_call_at_a_sigma_is_not_taken_for_a_window():
     run.tracker.completed(0)
     run.begin_call(s[1], topts)  # step 1
     assert run.disabled is None
+
+
+def test_a_call_with_other_block_patches_at_the_same_sigma_is_not_taken_for_a_window():
+    """Skip Layer Guidance calls the model again for the cond at the same sigma, with its block patches (a Variant
+    branch, whose residual is its own): under a context handler whose video fits one window, that is no unnamed
+    window and caching must go on."""
+    run = RunState(lambda: ResidualCache(MASK), StepTracker(sigmas(len(MASK))), "owner")
+    run.context_handler = True
+    topts = {"cond_or_uncond": [0], "uuids": ["u"]}
+    s = sigmas(len(MASK))[0]
+    run.begin_call(s, topts)
+    run.begin_call(s, topts, patches="slg-skip")
+    assert run.disabled is None
+    run.begin_call(s, topts)  # the same plain call again: still caught
+    assert run.disabled and "naming the window" in run.disabled

@@ -161,3 +161,13 @@ def test_behind_a_head_of_lower_precision_the_group_floor_is_the_nudges_share_pl
     thin += 2e-3                       # a fault spread over every element, a fifth of the head's unit
     assert measure([y], [thin], [y3 + 2e-3], [torch.zeros_like(y)], share)["group"].ratio() > 1
     assert measure([y], [thin], [y3 + 2e-3], [torch.zeros_like(y)], 1.0)["group"].ratio() < 1  # the same precision
+
+
+def test_a_replay_of_another_shape_or_with_a_part_missing_is_an_infinite_error():
+    """A skip path that returns an output of another form is a fault (a skipped step would return it), never the
+    check's own error ('not checked'), and a nested output's missing part is never left uncompared."""
+    y = torch.ones(1, 4, 8)
+    assert _measure(y, torch.ones(1, 4, 7), torch.ones(1, 4, 7))["element"].error == math.inf
+    video, audio = torch.ones(1, 4, 8), torch.ones(1, 2, 3)
+    figs = measure([video, audio], [video.clone()], [video.clone()], [torch.zeros_like(video), torch.zeros_like(audio)])
+    assert figs["element"].error == math.inf

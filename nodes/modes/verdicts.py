@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ...core.errors import GCacheError
-from ...core.selfcheck import FAIL, PASS, Outcome
+from ...core.selfcheck import FAIL, NOT_CHECKED, PASS, Outcome
 from ...core.verdicts import DamagedRecord, VerdictBook, checks_of, confirmed, record
 from ...core.version import VERSION as GCACHE_VERSION
 from .. import artifacts
@@ -211,8 +211,9 @@ def start_check(run: RunState, subject: Subject, adapter: Adapter, sched: Schedu
             seconds = check.replay_seconds()
             if seconds and check.step in stats.step_seconds:
                 stats.record_seconds[check.step] = stats.record_seconds.get(check.step, 0.0) + seconds
-            check.verdict = subject.record(check.outcome())
-            say(check.verdict, subject)
+            outcome = check.outcome()
+            check.verdict = subject.record(outcome)
+            say(check.verdict, subject, outcome)
         except Exception as e:  # noqa: BLE001  a fault of the check itself never fails the prompt
             log.error("GCache self-check: could not conclude for %s (%s: %s); nothing was recorded.", subject.where(),
                       type(e).__name__, e)
@@ -244,9 +245,15 @@ def describe(v: dict) -> str:
                    group_tolerance=v.get("group_tolerance")).describe()
 
 
-def say(v: dict, subject: Subject) -> None:
-    """The one log line (and the node's text) of a run's verdict."""
-    if v["result"] == PASS:
+def say(v: dict, subject: Subject, outcome: Optional[Outcome] = None) -> None:
+    """The one log line (and the node's text) of a run's verdict (`v`: the one that stands for the subject; `outcome`:
+    what this run's check found, when it differs: a run not checked leaves an earlier first fail standing)."""
+    if v["result"] == FAIL and not confirmed(v) and outcome is not None and outcome.result == NOT_CHECKED:
+        why = (outcome.why or "no reason given").rstrip(".")
+        text = (f"GCache self-check: not checked for {subject.where()}: {why}. Its earlier fail ({describe(v)}) "
+                "stands: every step is computed until a run checks it again.")
+        log.warning(text)
+    elif v["result"] == PASS:
         text = (f"GCache self-check passed for {subject.where()}: the skip path reproduced the computed step "
                 f"({describe(v)}).")
         log.info(text)

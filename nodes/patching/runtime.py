@@ -189,9 +189,9 @@ class RunState:
             if window is not None:  # ComfyUI's context windows: one call per window, each a branch of its own
                 keys = [Windowed(k, *window) for k in keys]
                 self.windows.add(window)
-            elif self.context_handler and self.disabled is None:
-                self._check_unnamed(sigma, keys)
             ln.branches = [Variant(k, patches) for k in keys] if patches else keys
+            if window is None and self.context_handler and self.disabled is None:
+                self._check_unnamed(sigma, ln.branches)  # (another node's patched call, SLG's: a branch of its own)
             self.calls += 1
         ln.compute, ln.patches, ln.in_slot = True, patches, None
         ln.through = patches in self.uncached
