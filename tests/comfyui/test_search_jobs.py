@@ -101,3 +101,21 @@ def test_a_stale_slice_does_nothing_to_a_newer_job_of_its_name(models, gcache_di
     assert newer.status == "queued" and history(gcache_dir) == 0  # nothing evaluated, the newer job as it was
     execute(models["flux"], monkeypatch, prompt=queue.pop(0))
     assert newer.status == "done" and history(gcache_dir) == 8
+
+
+
+def test_a_finished_search_of_the_name_is_not_another_checkpoint_s(models, gcache_dir, monkeypatch, queue):
+    """A search of one name finished on the Flux model; the same name queued on another checkpoint of the Flux class
+    with the same prompt and settings was handed the Flux search's policy (no sampling) and saved it as that
+    checkpoint's GCache Apply (auto) policy: the state file knew the model's class, not its weights. Refused now,
+    before any sampling, and nothing of the finished search changes."""
+    execute(models["flux"], monkeypatch)
+    execute(models["flux"], monkeypatch, prompt=queue.pop(0))
+    assert background.JOBS.get(NAME).status == "done"
+    state = gcache_dir / f"{NAME}.search.json"
+    files = {p.name: p.read_bytes() for p in gcache_dir.rglob("*") if p.is_file()}
+    other = (models["other flux weights"][0],) + tuple(models["flux"][1:])  # the same prompt, latent and settings
+    with pytest.raises(GCacheError, match="belongs to another search .*weights"):
+        execute(other, monkeypatch)
+    assert {p.name: p.read_bytes() for p in gcache_dir.rglob("*") if p.is_file()} == files and state.exists()
+    assert queue == []
