@@ -14,6 +14,7 @@ from comfy_api.latest import io
 from ..core.errors import GCacheError
 from ..core.files import safe_name
 from ..core.policy import Policy
+from ..search import end_game
 from ..search.budget import minimum_budgets, start_range
 from ..search.config import POLISH_SHARE, SearchConfig
 from ..search.infra.objectives import OBJECTIVES, make_objective
@@ -177,8 +178,10 @@ def _nothing(job: SearchJob, why: str, slice_of=None) -> io.NodeOutput:
 
 def _is_finished(job: SearchJob, state) -> bool:
     """Whether this queue finds its search finished: done, at this budget (a larger one continues it, as
-    SearchState.open does: its evaluations need the reference images, which _finished samples none of)."""
-    return state is not None and state.done and len(state.history) >= job.config.budget
+    SearchState.open does: its evaluations need the reference images, which _finished samples none of), with its
+    end game complete (one stopped in its forecaster check or on its fresh seeds measures the rest with them)."""
+    return state is not None and state.done and len(state.history) >= job.config.budget and \
+        end_game.complete(state, job.load_profile(), job.config.forecast)
 
 
 def _finished(job: SearchJob) -> io.NodeOutput:

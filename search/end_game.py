@@ -192,6 +192,34 @@ def returned(state: SearchState, profile: Profile, forecast: str, skip_check: Op
         log.removeFilter(quiet)
 
 
+class _Owes(Exception):
+    """The end game of a finished search still has an evaluation to make (complete)."""
+
+
+class _Probe:
+    """An executor that can make every evaluation and stops at the first one asked for (complete)."""
+    can_apply_forecaster = can_sample_fresh = True
+
+    def submit(self, *args, **kwargs):
+        raise _Owes()
+
+
+def complete(state: SearchState, profile: Profile, forecast: str) -> bool:
+    """Whether a finished search's end game has measured all it measures (False: stopped in its forecaster check or
+    its final choice on fresh seeds, by a Cancel, an Interrupt or a crash; run again with its evaluation it measures
+    the rest, while a run that samples nothing would skip them for good). Nothing is measured or written."""
+    quiet = logging.Filter()
+    quiet.filter = lambda record: record.thread != threading.get_ident()
+    log.addFilter(quiet)
+    try:
+        run(state, profile, forecast, _Probe())
+    except _Owes:
+        return False
+    finally:
+        log.removeFilter(quiet)
+    return True
+
+
 # ------------------------------------------------------------------------------------------------ the check
 def chooses_among(forecast: str) -> list[str]:
     """The forecasters a new search of `forecast` chooses among after its budget (module docstring): for a profile-

@@ -78,13 +78,19 @@ class SearchJob:
         return os.path.join(self.folder, self.name + ".search" + artifacts.PROFILE_SUFFIX)
 
     def provenance(self) -> dict:
-        """What the references depend on, so that a state file made with another prompt/LoRA is not resumed."""
+        """What the references depend on, so that a state file made with another prompt/LoRA or another checkpoint
+        (its weights: model_key; the class name alone can't tell two checkpoints of one family apart) is not resumed,
+        nor its finished policy handed to the other model. A state file made before the weights were recorded
+        resumes as it was made (its provenance has no "weights")."""
         vae = type(self.vae.first_stage_model).__name__ if hasattr(self.vae, "first_stage_model") else ""
-        return {"model": type(self.model.get_model_object("diffusion_model")).__name__, "seeds": self.seeds,
+        prov = {"model": type(self.model.get_model_object("diffusion_model")).__name__, "seeds": self.seeds,
                 "inputs": content_hash(self.positive, self.negative, self.latent["samples"],
                                        sorted(map(str, self.model.patches)), vae),
                 "steps": self.steps, "cfg": self.cfg, "sampler": self.sampler_name, "scheduler": self.scheduler,
-                "latent_shape": list(self.latent["samples"].shape)}
+                "latent_shape": list(self.latent["samples"].shape), "weights": model_key(self.model)}
+        if _made_without_weights(self.state_path):
+            del prov["weights"]
+        return prov
 
     def refs_key(self) -> str:
         return content_hash(self.provenance())
@@ -333,6 +339,17 @@ def run_slice(job: SearchJob, profile: Profile, refs: list, seconds: float, canc
         return job.search(profile, refs, should_stop, on_progress), "done"
     except SearchInterrupted:  # should_stop said why; else job.run found the search cancelled mid-evaluation
         return None, "cancelled" if why[0] == "time" and cancelled() else why[0]
+
+
+def _made_without_weights(path: str) -> bool:
+    """Whether the state file at `path` was made before GCache Search recorded the model's weights in its provenance
+    (False when there is none or it can't be read: the search says why when it reads it)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            prov = json.load(fh).get("provenance")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(prov, dict) and "weights" not in prov
 
 
 def _readable(path: str) -> Optional[Profile]:

@@ -62,7 +62,9 @@ def test_a_self_check_fail_on_another_model_does_not_stop_a_search_of_the_same_n
     flux_job = background.JOBS.get(NAME)
     assert flux_job.status == "queued" and len(queue) == 1
     subject = ModeConfig.of_model(models["lumina2"][0], str(gcache_dir))["subject"]
-    subject.record(Outcome("fail", "the skip path's output differs from the computed step's", 0.61, 8.5e-6, "float32"))
+    for _ in range(2):  # a fail stands once it repeats (verdicts.recorded_fail); a first one is checked again
+        subject.record(Outcome("fail", "the skip path's output differs from the computed step's", 0.61, 8.5e-6,
+                               "float32"))
     nothing = execute(models["lumina2"], monkeypatch)  # its self-check failed: nothing searched on it
     assert nothing.mask == [1] * N
     assert background.JOBS.get(NAME) is flux_job and flux_job.status == "queued"  # the Flux search goes on
@@ -99,3 +101,21 @@ def test_a_stale_slice_does_nothing_to_a_newer_job_of_its_name(models, gcache_di
     assert newer.status == "queued" and history(gcache_dir) == 0  # nothing evaluated, the newer job as it was
     execute(models["flux"], monkeypatch, prompt=queue.pop(0))
     assert newer.status == "done" and history(gcache_dir) == 8
+
+
+
+def test_a_finished_search_of_the_name_is_not_another_checkpoint_s(models, gcache_dir, monkeypatch, queue):
+    """A search of one name finished on the Flux model; the same name queued on another checkpoint of the Flux class
+    with the same prompt and settings was handed the Flux search's policy (no sampling) and saved it as that
+    checkpoint's GCache Apply (auto) policy: the state file knew the model's class, not its weights. Refused now,
+    before any sampling, and nothing of the finished search changes."""
+    execute(models["flux"], monkeypatch)
+    execute(models["flux"], monkeypatch, prompt=queue.pop(0))
+    assert background.JOBS.get(NAME).status == "done"
+    state = gcache_dir / f"{NAME}.search.json"
+    files = {p.name: p.read_bytes() for p in gcache_dir.rglob("*") if p.is_file()}
+    other = (models["other flux weights"][0],) + tuple(models["flux"][1:])  # the same prompt, latent and settings
+    with pytest.raises(GCacheError, match="belongs to another search .*weights"):
+        execute(other, monkeypatch)
+    assert {p.name: p.read_bytes() for p in gcache_dir.rglob("*") if p.is_file()} == files and state.exists()
+    assert queue == []

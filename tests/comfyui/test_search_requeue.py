@@ -111,3 +111,30 @@ def test_a_policy_that_cant_be_saved_fails_the_job_and_queueing_again_saves_it(f
     assert Policy.load(str(gcache_dir / f"{name}.json")).to_dict() == policy.to_dict() and queue == []
     row = next(r for r in background.JOBS.listing([str(gcache_dir)]) if r["id"] == name)
     assert row["status"] == "done" and row["message"] == f"done: {name}.json saved"
+
+
+def test_a_search_interrupted_on_its_fresh_seeds_finishes_its_end_game_when_queued_again(flux, gcache_dir, monkeypatch,
+                                                                                         queue):
+    """An Interrupt while the end game sampled its fresh seeds left the state done; queued again, the search was
+    taken for finished and its policy saved without the final choice ("did not run"), for good. Now the queue
+    samples the references and measures what the end game had left."""
+    import comfy.model_management
+
+    from gcache.nodes.search_jobs.job import Evaluation
+    real = Evaluation.__call__
+
+    def interrupted(self, mask, forecast=None, fresh=False):
+        if fresh:
+            raise comfy.model_management.InterruptProcessingException()
+        return real(self, mask, forecast, fresh)
+    monkeypatch.setattr(Evaluation, "__call__", interrupted)
+    name, forecast = "cut", "fitted (profile)"
+    with pytest.raises(comfy.model_management.InterruptProcessingException):
+        execute(flux, monkeypatch, name, forecast, "foreground")
+    state = SearchState.peek(str(gcache_dir / f"{name}.search.json"))
+    assert state.done and not state.fresh  # stopped before any fresh seed was measured
+    monkeypatch.setattr(Evaluation, "__call__", real)
+    policy = execute(flux, monkeypatch, name, forecast, "foreground")
+    fresh = policy.provenance.get("fresh_seeds") or {}
+    assert "skipped" not in fresh and len(fresh.get("losses", {})) >= 2, fresh  # old code: skipped
+    assert len(SearchState.peek(str(gcache_dir / f"{name}.search.json")).fresh) >= 2
