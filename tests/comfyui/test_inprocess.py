@@ -193,7 +193,7 @@ def test_a_fitted_search_measures_l2p_too_in_comfyui(built, gcache_dir, caplog):
     state = json.loads((gcache_dir / "fc1.search.json").read_text())
     bits = "".join(map(str, policy.mask))
     key = bits if policy.forecast == "fitted" else f"{bits}@{policy.forecast}"
-    assert state["done"] and state["version"] == 4 and any(h["mask"].endswith("@l2p") for h in state["history"])
+    assert state["done"] and state["version"] == 5 and any(h["mask"].endswith("@l2p") for h in state["history"])
     checked = state["forecasters"]  # the check's candidate, and it under the other forecaster
     base = checked["mask"].partition("@")[2] or "fitted"
     assert set(checked["results"]) == {"fitted", "l2p"} - {base}
