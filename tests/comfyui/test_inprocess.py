@@ -194,22 +194,25 @@ def test_a_fitted_search_measures_l2p_too_in_comfyui(built, gcache_dir, caplog):
     bits = "".join(map(str, policy.mask))
     key = bits if policy.forecast == "fitted" else f"{bits}@{policy.forecast}"
     assert state["done"] and state["version"] == 5 and any(h["mask"].endswith("@l2p") for h in state["history"])
-    checked = state["forecasters"]  # the check's candidate, and it under the other forecaster
-    base = checked["mask"].partition("@")[2] or "fitted"
-    assert set(checked["results"]) == {"fitted", "l2p"} - {base}
-    assert all(len(r["per_seed"]) == 2 for r in checked["results"].values())
+    choices = set(state["choices"])  # every forecaster the end game chooses among (fixed rules too)
+    assert {"fitted", "l2p", "reuse", "linear"} <= choices
+    checks = {k: r for k, r in state["masks"].items() if r["kind"] == "check"}  # the check ran, once
+    checked = {r["of"] for r in checks.values()}.pop()  # its candidate, measured under the other forecasters
+    same_mask = {k.partition("@")[2] or "fitted" for k in state["masks"] if k.partition("@")[0] ==
+                 checked.partition("@")[0]}
+    assert checks and same_mask == choices and all(len(r["per_seed"]) == 2 for r in checks.values())
     assert "8 steps; forecast l2p, 4 residuals kept per branch" in caplog.text  # sampled under l2p
-    assert policy.forecast in ("fitted", "l2p") and policy.metrics["loss"] == state["masks"][key]["loss"]
+    assert policy.forecast in choices and policy.metrics["loss"] == state["masks"][key]["loss"]
     # the final choice on fresh seeds: seeds 2 and 3 (seed 0, 2 seeds), full-compute images first, 2 or 3 finalists
     fresh = state["fresh"]["masks"]
-    assert "full-compute images of 2 fresh seeds (2, 3)" in caplog.text and 2 <= len(fresh) <= 3
+    assert "full-compute images of 2 fresh seeds (2, 3)" in caplog.text and 2 <= len(fresh) <= len(choices) + 1
     assert all(len(r["per_seed"]) == 2 for r in fresh.values())
     assert key in fresh and fresh[key]["loss"] == min(r["loss"] for r in fresh.values())
-    assert {k.partition("@")[2] or "fitted" for k in fresh} == {"fitted", "l2p"}  # each forecaster's best
+    assert {k.partition("@")[2] or "fitted" for k in fresh} == choices  # each forecaster's best
     prov = policy.provenance["fresh_seeds"]
     assert prov["seeds"] == 2 and set(prov["losses"]) == set(fresh)
     if not prov["replaced"]:  # the check's pick: the lowest loss on the search seeds of its candidates
-        assert checked["mask"].partition("@")[0] == bits
+        assert checked.partition("@")[0] == bits
         assert policy.metrics["loss"] <= min(h["loss"] for h in state["history"] if h["kind"] == "instant")
     saved = Policy.load(str(gcache_dir / "fc1.json"))
     assert saved.forecast == policy.forecast and saved.forecast_params == policy.forecast_params
