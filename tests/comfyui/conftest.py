@@ -32,3 +32,15 @@ if COMFY:
             folder_paths.folder_names_and_paths.pop("gcache", None)
         else:
             folder_paths.folder_names_and_paths["gcache"] = old
+
+
+    @pytest.fixture()
+    def queue(monkeypatch):
+        """A fresh background Jobs; ComfyUI's queue as a list of the slice prompts queued (test_search_jobs.py,
+        test_search_requeue.py)."""
+        from gcache.nodes.search_jobs import background
+        queued = []
+        monkeypatch.setattr(background, "JOBS", background.Jobs())
+        monkeypatch.setattr(background, "queue_prompt", lambda prompt, client_id=None: queued.append(prompt) or
+                            f"p{len(queued)}")
+        return queued

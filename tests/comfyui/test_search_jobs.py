@@ -30,16 +30,6 @@ def models():
     return {"flux": tm.flux(), "lumina2": tm.lumina2(), "other flux weights": tm.flux(seed=1)}
 
 
-@pytest.fixture()
-def queue(monkeypatch):
-    """A fresh Jobs; ComfyUI's queue as a list of the slice prompts queued."""
-    queued = []
-    monkeypatch.setattr(background, "JOBS", background.Jobs())
-    monkeypatch.setattr(background, "queue_prompt", lambda prompt, client_id=None: queued.append(prompt) or
-                        f"p{len(queued)}")
-    return queued
-
-
 def execute(model, monkeypatch, prompt=None, name=NAME):
     """GCache Search on `model` (model, positive, negative, latent) queued in the background, or run as the slice
     prompt `prompt`."""

@@ -30,16 +30,6 @@ def flux():
     return tm.flux()
 
 
-@pytest.fixture()
-def queue(monkeypatch):
-    """A fresh Jobs; ComfyUI's queue as a list of the slice prompts queued."""
-    queued = []
-    monkeypatch.setattr(background, "JOBS", background.Jobs())
-    monkeypatch.setattr(background, "queue_prompt", lambda prompt, client_id=None: queued.append(prompt) or
-                        f"p{len(queued)}")
-    return queued
-
-
 def execute(flux, monkeypatch, name, forecast, mode, budget=None, prompt=None):
     """GCache Search queued with these inputs (`prompt`: the prompt ComfyUI runs it in, a slice prompt included;
     `flux`: the model with its conditioning and latent)."""
