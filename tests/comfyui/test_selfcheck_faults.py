@@ -16,8 +16,6 @@ Flux (hidden 256, few blocks): where the tree lacks the code edited, the test sa
 """
 import inspect
 import logging
-import sys
-import textwrap
 
 import pytest
 from conftest import COMFY, REASON
@@ -31,6 +29,7 @@ import tiny_models as tm  # noqa: E402
 import torch  # noqa: E402
 
 import nodes as comfy_nodes  # noqa: E402
+from gcache.bench.selfcheck_margins import recompiled  # noqa: E402
 from gcache.core.profile import Profile  # noqa: E402
 from gcache.core.verdicts import VerdictBook, checks_of  # noqa: E402
 from gcache.nodes.apply_node import GCacheApply  # noqa: E402
@@ -50,9 +49,7 @@ def edited(monkeypatch, cls, method: str, *changes: tuple) -> None:
         if old not in src:
             pytest.skip(f"ComfyUI {VERSION}'s {cls.__name__}.{method} has no {old.strip()!r}")
         src = src.replace(old, new, 1)
-    found: dict = {}
-    exec(compile(textwrap.dedent(src), inspect.getsourcefile(cls), "exec"), vars(sys.modules[cls.__module__]), found)
-    monkeypatch.setattr(cls, method, found[method])
+    monkeypatch.setattr(cls, method, recompiled(getattr(cls, method), src))
 
 
 def ksample(model, pos, neg, lat, steps, cfg=1.0):
