@@ -145,8 +145,8 @@ def for_run(run, route: Route, device):
                "change")
     else:
         log.info("GCache: ComfyUI's memory compiler stays on for this run (every step computes); the tensors GCache "
-                 "keeps across steps are made outside its recording (pause_malloc_graph), and the self-check's one "
-                 "replayed call runs with the compiler off.")
+                 "keeps across steps are made outside its recording (pause_malloc_graph), and the self-check's "
+                 "replayed calls (the replay and its nudged twin) run with the compiler off.")
         run.off_for_call = lambda: _off(api)  # the self-check's replay skips the blocks the compiler recorded
         yield
         return
