@@ -1187,3 +1187,60 @@ def auto_ranking_mask_gap(results) -> str:
         parts.append(f"{name}, K = {k['K']}: steps {', '.join(map(str, k['auto_steps']))} → "
                      f"{', '.join(map(str, local['steps']))}, {num(local['psnr'] - k['auto_psnr'], '+.2f')} dB")
     return "; ".join(parts)
+
+
+SEEDS_RUNS = ("auto_seeds_flux", "auto_seeds_wan")  # bench/auto_seeds.py: auto over several run-1 inputs
+
+
+def _spread(s) -> str:
+    return f"{db(s['mean'])} ({db(s['min'])}–{db(s['max'])})"
+
+
+@block("auto_seeds.table")
+def auto_seeds_table(results) -> str:
+    out = []
+    for run in SEEDS_RUNS:
+        r = results(run)
+        for k in r["ks"]:
+            out.append([r["model"], k["K"], _spread(k["instant"]), _spread(k["checked"]), _spread(k["checked_io"]),
+                        _spread(k["best"]), db(k["fewer_steps"])])
+    return table(["model", "K", "auto before (instant)", "auto now (checked)",
+                  f"checked at io share {num(results(SEEDS_RUNS[0])['io_share_checked'])}",
+                  "best candidate", "fewer steps"], out)
+
+
+@block("auto_seeds.sizes")
+def auto_seeds_sizes(results) -> str:
+    return "; ".join(f"{results(run)['model']}: {results(run)['runs']} run-1 inputs, {results(run)['pairs']} "
+                     "held-out pairs" for run in SEEDS_RUNS)
+
+
+@block("auto_seeds.monotone")
+def auto_seeds_monotone(results) -> str:
+    """Per model: in how many (run 1, next K) steps the checked pick's PSNR did not fall, and the instant one's."""
+    parts = []
+    for run in SEEDS_RUNS:
+        r = results(run)
+        c, i = r["monotone"]["checked"], r["monotone"]["instant"]
+        parts.append(f"{r['model']}: {c[0]} of {c[1]} (instant: {i[0]} of {i[1]})")
+    return "; ".join(parts)
+
+
+@block("auto_seeds.first_run")
+def auto_seeds_first_run(results) -> str:
+    """The other benches' run 1 (run 0 here) against the mean over every run 1, for the checked pick, per K (Wan)."""
+    r = results("auto_seeds_wan")
+    run0 = r["per_run"][0]
+    return ", ".join(f"K = {k['K']} {db(k0['checked']['psnr'])} against {db(k['checked']['mean'])}"
+                     for k, k0 in zip(r["ks"], run0["ks"]))
+
+
+@block("auto_seeds.own_alpha")
+def auto_seeds_own_alpha(results) -> str:
+    parts = []
+    for run in SEEDS_RUNS:
+        r = results(run)
+        for k in r.get("own_alpha", []):
+            parts.append(f"{r['model']}, K = {k['K']}: {db(k['fitted_run1'])} / {db(k['fitted_own'])} / "
+                         f"{db(k['linear'])}")
+    return "; ".join(parts)
