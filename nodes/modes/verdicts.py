@@ -6,9 +6,8 @@ A run that computes every step (GCache Profile, Apply (auto)'s first run, GCache
 RunCheck (../patching/selfcheck.py) from `start_check`; at its close the outcome is recorded for its subject, logged in
 one line and shown as the GCache node's text. A first fail computes every step and is checked again by the next run
 of a later prompt (`failed_once`; a second sampling in the same prompt counts with the first); a second fail in a row
-turns skipping off for that subject in every mode (`recorded_fail`,
-`refusal`); a subject changes with the model, ComfyUI, the model's code, GCache or the compute settings (TF32, the
-cast dtype), and is then checked again.
+turns skipping off for that subject in every mode (`recorded_fail`, `refusal`); a subject changes with the model,
+ComfyUI, the model's code, GCache or the compute settings (TF32, the cast dtype), and is then checked again.
 """
 from __future__ import annotations
 
