@@ -2,17 +2,19 @@
 
 - The record file (models/gcache/selfcheck.json in ComfyUI): one verdict per model (its weights key), family adapter,
   ComfyUI version (and the model's code), GCache version and compute settings. A first fail is checked again by the
-  next run (every step computed meanwhile); a second fail of the same subject turns skipping off for that model until
-  one of them changes, and is never overwritten by a later pass (no later run checks it again), and never evicted for
-  room: passes go first, a fail only once a newer fail of the same model replaces it. Written atomically,
-  under a lock; a damaged file raises DamagedRecord (the caller sets it aside).
+  next run of a later prompt (every step computed meanwhile: a second sampling in the same prompt, such as GCache
+  Search's second reference seed, counts with the first); a second fail of the same subject, in a later prompt,
+  turns skipping off for that model until one of them changes, and is never overwritten by a later pass (no later run
+  checks it again), and never evicted for room: passes go first, a fail only once a newer fail of the same model
+  replaces it. Written atomically, under a lock; a damaged file raises DamagedRecord (the caller sets it aside).
 - A profile's meta "selfcheck": the verdicts of the runs it holds, one per environment (merged profiles keep both
   sides'; a fail wins over a pass of the same environment).
 - A policy's provenance "selfcheck": the verdicts of the profile it was made from.
 
 A verdict is a flat dict: result ("pass" | "fail" | "not checked"), why, error, tolerance (the deciding statistic's:
-statistic), group_error, group_tolerance, dtype, fails (runs in a row that failed; a fail is kept for good at
-CONFIRMED), model, key, family, comfyui, code, gcache, compute (TF32 and the cast dtype it ran under), date.
+statistic), group_error, group_tolerance, dtype, fails (prompts in a row whose run failed; a fail is kept for good at
+CONFIRMED), prompt (the id of the ComfyUI prompt whose run made it; "": none known, each run its own), model, key,
+family, comfyui, code, gcache, compute (TF32 and the cast dtype it ran under), date.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ RECORD_FORMAT = "gcache.selfcheck"
 RECORD_VERSION = 1
 # what a verdict is about: a change to any one checks again (compute: the settings it ran under, TF32, cast dtype)
 SUBJECT = ("key", "family", "comfyui", "code", "gcache", "compute")
-TEXT = ("result", "why", "dtype", "model", "date", "statistic") + SUBJECT
+TEXT = ("result", "why", "dtype", "model", "date", "statistic", "prompt") + SUBJECT
 NUMBERS = ("error", "tolerance", "group_error", "group_tolerance", "fails")
 CONFIRMED = 2  # fails of one subject that keep skipping off for good: one fail alone is checked again (issue 47)
 MAX_RECORDS = 1024  # verdicts kept in the record file (the latest; fails beyond it, VerdictBook.put); a few hundred
@@ -56,6 +58,14 @@ def fails(v: Mapping) -> int:
 def confirmed(v: Optional[Mapping]) -> bool:
     """A fail kept for good: the same subject failed twice (a first fail is checked again on the next run)."""
     return v is not None and fails(v) >= CONFIRMED
+
+
+def same_prompt_again(old: Optional[Mapping], v: Mapping) -> bool:
+    """Whether `v` is a fail of the prompt whose run made `old`, a first fail of the same subject: a second sampling
+    of one prompt (GCache Search's second reference seed, a second sampler on the model) is not the next run, so a
+    fault of that prompt (another node of it, a one-off) counts once."""
+    return (old is not None and old.get("result") == FAIL and not confirmed(old) and v.get("result") == FAIL
+            and bool(v.get("prompt")) and v.get("prompt") == old.get("prompt"))
 
 
 def valid(v) -> bool:
@@ -88,9 +98,9 @@ class VerdictBook:
         return self.verdicts.get(subject_key(subject))
 
     def put(self, verdict: Mapping) -> dict:
-        """Keeps `verdict`; returns the one kept. A fail after a fail of the same subject is kept for good (nothing
-        checks that subject again); a first fail stays until a later run checks it again: a pass then replaces it,
-        a "not checked" does not.
+        """Keeps `verdict`; returns the one kept. A fail after a fail of the same subject in an earlier prompt is kept
+        for good (nothing checks that subject again); a first fail stays until a later run checks it again: a pass
+        then replaces it, a "not checked" does not, nor a fail of the first fail's own prompt (same_prompt_again).
 
         Past the limit the oldest pass or "not checked" goes first; a fail goes only once a newer fail of the same
         model (weights key) has replaced it. A fail nothing replaced is never forgotten: a book of such fails alone
@@ -102,7 +112,7 @@ class VerdictBook:
         key = subject_key(v)
         old = self.verdicts.get(key)
         if old is not None and old["result"] == FAIL:
-            if confirmed(old) or v["result"] == NOT_CHECKED:
+            if confirmed(old) or v["result"] == NOT_CHECKED or same_prompt_again(old, v):
                 return old
             if v["result"] == FAIL:
                 v["fails"] = float(min(fails(old) + fails(v), CONFIRMED))

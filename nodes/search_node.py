@@ -277,7 +277,14 @@ def _start(job: SearchJob, prompt: dict, node_id: str, slice_seconds: int) -> io
     running, key = background.JOBS.of_search(job.name, job.identity()), job.refs_key()
     if running is not None and running.status in background.ACTIVE and running.mode == "background":
         log.info("GCache Search %s runs in the background (%d of %d evaluations): its best policy so far.", job.name,
-                 running.evaluations, job.config.budget)
+                 running.evaluations, running.budget)
+        if job.config.budget > running.budget:  # its slices run to the budget it started with
+            why = (f"GCache Search {job.name} runs in the background to its budget of {running.budget} evaluations; "
+                   f"the budget of {job.config.budget} queued now is not applied to it. Queue GCache Search again "
+                   f"with budget {job.config.budget} after this search finishes: it then continues to "
+                   f"{job.config.budget} evaluations")
+            log.warning("%s.", why)
+            verdicts.show(str(node_id), why + ".")
         background.JOBS.update(running, client_id=background.current_client())  # its next slices report to it
         return _report(job, job.load_profile(), running)
     state = _state(job)
@@ -315,6 +322,8 @@ def _slice(job: SearchJob, marker: str, seconds: int) -> io.NodeOutput:
         if refs is None or bg.refs_key != job.refs_key():
             refs, key = job.references(_reference_progress(len(job.seeds))), job.refs_key()
             background.JOBS.keep_refs(bg, refs, key)
+        else:  # no reference run checks the model in this slice: a first fail recorded since refuses too
+            job.check_selfcheck(first_fail_too=True)
         profile = job.load_profile()
         state = _state(job)
         bar = _evaluation_progress(job.config.budget, len(state.history) if state is not None else 0)

@@ -83,6 +83,25 @@ def test_a_fail_stays_once_it_repeats_and_a_pass_is_replaced(tmp_path):
     assert confirmed(clean(legacy))
 
 
+def test_a_second_fail_in_the_prompt_of_a_first_counts_with_it(tmp_path):
+    """A first fail became a fail kept for good inside one prompt: GCache Search's two reference runs (two seeds)
+    each check the model. A fail counts again only from a later prompt (its run's prompt id); one that no prompt
+    made ("": outside ComfyUI's executor) is its own run, as before."""
+    path = str(tmp_path / "selfcheck.json")
+    first = record(path, verdict("fail", prompt="prompt-a"))
+    assert first["fails"] == 1 and first["prompt"] == "prompt-a"
+    again = record(path, verdict("fail", error=0.9, prompt="prompt-a"))  # the prompt's second reference run
+    assert again == first and not confirmed(again)  # the first fail stands, once: a later prompt checks it again
+    assert VerdictBook.load(path).get(verdict()) == first
+    later = record(path, verdict("fail", error=0.7, prompt="prompt-b"))
+    assert later["fails"] == 2 and confirmed(later) and later["prompt"] == "prompt-b"
+    other = str(tmp_path / "other.json")  # a pass in the prompt of a first fail replaces it, as in any run
+    record(other, verdict("fail", prompt="prompt-a"))
+    assert record(other, verdict("pass", prompt="prompt-a"))["result"] == "pass"
+    unknown = str(tmp_path / "unknown.json")  # no prompt id: each run its own, two in a row are kept for good
+    record(unknown, verdict("fail"))
+    assert confirmed(record(unknown, verdict("fail")))
+
 @pytest.mark.parametrize("text, why", [("{", "not valid JSON"), ('{"format": "x"}', "self-check record"),
                                        ('{"format": "gcache.selfcheck", "version": 9, "verdicts": []}', "version"),
                                        ('{"format": "gcache.selfcheck", "version": 1, "verdicts": [{"result": "ok"}]}',

@@ -58,7 +58,8 @@ class PendingSplits:
         return len(self._halves)
 
 
-def _prompt_id() -> Optional[str]:
+def current_prompt() -> Optional[str]:
+    """The id of the prompt ComfyUI is running (None outside one, or where ComfyUI does not say)."""
     try:
         from comfy_execution.utils import get_executing_context
     except ImportError:  # an older ComfyUI: halves then live until consumed or replaced
@@ -67,4 +68,4 @@ def _prompt_id() -> Optional[str]:
     return getattr(ctx, "prompt_id", None) if ctx is not None else None
 
 
-SPLITS = PendingSplits(_prompt_id)
+SPLITS = PendingSplits(current_prompt)

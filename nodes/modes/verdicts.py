@@ -5,9 +5,9 @@ models/gcache/selfcheck.json (core/verdicts.py) and what the user sees. Imports 
 A run that computes every step (GCache Profile, Apply (auto)'s first run, GCache Search's reference runs) gets a
 RunCheck (../patching/selfcheck.py) from `start_check`; at its close the outcome is recorded for its subject, logged in
 one line and shown as the GCache node's text. A first fail computes every step and is checked again by the next run
-(`failed_once`); a second fail in a row turns skipping off for that subject in every mode (`recorded_fail`,
-`refusal`); a subject changes with the model, ComfyUI, the model's code, GCache or the compute settings (TF32, the
-cast dtype), and is then checked again.
+of a later prompt (`failed_once`; a second sampling in the same prompt counts with the first); a second fail in a row
+turns skipping off for that subject in every mode (`recorded_fail`, `refusal`); a subject changes with the model,
+ComfyUI, the model's code, GCache or the compute settings (TF32, the cast dtype), and is then checked again.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from typing import Optional
 
 from ...core.errors import GCacheError
 from ...core.selfcheck import FAIL, NOT_CHECKED, PASS, Outcome
-from ...core.verdicts import DamagedRecord, VerdictBook, checks_of, confirmed, record
+from ...core.verdicts import DamagedRecord, VerdictBook, checks_of, confirmed, record, same_prompt_again
 from ...core.version import VERSION as GCACHE_VERSION
 from .. import artifacts
 from ..patching.adapters import FALLBACK, Adapter, Route
@@ -29,6 +29,7 @@ from ..patching.content_hash import model_key
 from ..patching.runtime import RunState
 from ..patching.selfcheck import RunCheck
 from ..patching.steps import Schedule
+from .splits import current_prompt
 
 log = logging.getLogger("gcache")
 RECORD_FILE = artifacts.SELFCHECK_FILE
@@ -115,6 +116,7 @@ class Subject:
                        tolerance=outcome.tolerance, dtype=outcome.dtype, statistic=outcome.statistic,
                        group_error=outcome.group_error, group_tolerance=outcome.group_tolerance,
                        fails=1 if outcome.result == FAIL else None,  # this run's (the record adds the earlier ones)
+                       prompt=current_prompt() or "",  # a fail of the prompt of a first fail counts with it
                        date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
         if not self.folder:
             return verdict
@@ -212,8 +214,9 @@ def start_check(run: RunState, subject: Subject, adapter: Adapter, sched: Schedu
             if seconds and check.step in stats.step_seconds:
                 stats.record_seconds[check.step] = stats.record_seconds.get(check.step, 0.0) + seconds
             outcome = check.outcome()
+            again = same_prompt_again(subject.recorded(), {"result": outcome.result, "prompt": current_prompt()})
             check.verdict = subject.record(outcome)
-            say(check.verdict, subject, outcome)
+            say(check.verdict, subject, outcome, again)
         except Exception as e:  # noqa: BLE001  a fault of the check itself never fails the prompt
             log.error("GCache self-check: could not conclude for %s (%s: %s); nothing was recorded.", subject.where(),
                       type(e).__name__, e)
@@ -245,10 +248,17 @@ def describe(v: dict) -> str:
                    group_tolerance=v.get("group_tolerance")).describe()
 
 
-def say(v: dict, subject: Subject, outcome: Optional[Outcome] = None) -> None:
+def say(v: dict, subject: Subject, outcome: Optional[Outcome] = None, again: bool = False) -> None:
     """The one log line (and the node's text) of a run's verdict (`v`: the one that stands for the subject; `outcome`:
-    what this run's check found, when it differs: a run not checked leaves an earlier first fail standing)."""
-    if v["result"] == FAIL and not confirmed(v) and outcome is not None and outcome.result == NOT_CHECKED:
+    what this run's check found, when it differs: a run not checked leaves an earlier first fail standing; `again`:
+    this run failed in the prompt of that first fail, which it counts with)."""
+    if again and v["result"] == FAIL and not confirmed(v) and outcome is not None:
+        text = (f"GCache self-check failed again in this prompt for {subject.where()} (GCache {subject.gcache}): "
+                f"{outcome.describe()}. A second sampling in the prompt of a first fail counts with it: this run "
+                f"computed every step; checking again on the next run of a later prompt (a fail there turns skipping "
+                f"off for this model until the model, ComfyUI or GCache changes).")
+        log.warning(text)
+    elif v["result"] == FAIL and not confirmed(v) and outcome is not None and outcome.result == NOT_CHECKED:
         why = (outcome.why or "no reason given").rstrip(".")
         text = (f"GCache self-check: not checked for {subject.where()}: {why}. Its earlier fail ({describe(v)}) "
                 "stands: every step is computed until a run checks it again.")

@@ -3,7 +3,8 @@ foreground or one background slice at a time. Imports ComfyUI.
 
 The reference runs compute every step and self-check the skip path (../modes/verdicts.py). A model whose check
 failed on this ComfyUI, or a profile recorded where it failed, is not searched (NothingToSearch): the node then
-gives a policy that computes every step, saves nothing, and says why.
+gives a policy that computes every step, saves nothing, and says why. A first fail (checked again by the next prompt's
+reference runs) evaluates no skip mask either: no mask is sampled while the model's last verdict is a fail.
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ from ..modes.apply import apply_config
 from ..modes.auto import auto_name
 from ..modes.base import ModeConfig
 from ..modes.profile import profile_config
-from ..modes.verdicts import describe, recorded_fail, refusal
+from ..modes.verdicts import describe, failed_once, recorded_fail, refusal
 from ..patching import hooks
 from ..patching.content_hash import content_hash, model_key
 from .sampling import decode, sample
@@ -141,9 +142,8 @@ class SearchJob:
     def references(self, tick: Callable[[], None] = lambda: None) -> list:
         """The full-compute images of the seeds; they are also the profile when none is connected, recorded through
         the same file path GCache Profile uses (<name>.search.profile.safetensors)."""
-        record = self.profile is None and not (os.path.isfile(self.state_path) and os.path.isfile(self.own_profile))
         self.not_recorded.clear()
-        if record:
+        if self.records_profile():
             if os.path.isfile(self.own_profile):
                 os.remove(self.own_profile)  # left by a search whose state is gone: it is recorded again now
             ref_model = hooks.patch_model(self.model, profile_config(
@@ -156,18 +156,34 @@ class SearchJob:
         for s in self.seeds:
             refs.append(self.run(ref_model, s))
             tick()
-        self.check_selfcheck()  # the reference runs just checked the model
+        self.check_selfcheck(first_fail_too=True)  # the reference runs just checked the model
         return refs
 
-    def check_selfcheck(self) -> None:
+    def records_profile(self) -> bool:
+        """Whether the reference runs record the search's own profile (again): none is connected, and no state file
+        has started from the one there is."""
+        return self.profile is None and not (os.path.isfile(self.state_path) and os.path.isfile(self.own_profile))
+
+    def check_selfcheck(self, first_fail_too: bool = False) -> None:
         """NothingToSearch when the model's self-check failed on this ComfyUI, or the profile the search would use
-        was recorded where it failed: the search would judge masks by a skip path that is wrong there."""
+        was recorded where it failed: the search would judge masks by a skip path that is wrong there. With
+        `first_fail_too` (before any skip mask is sampled) a first fail refuses too: before the reference runs it
+        does not, as they check the model again."""
         subject = ModeConfig.of_model(self.model, self.folder, self.node_id)["subject"]
         bad = recorded_fail(subject)
         if bad is not None:
             raise NothingToSearch(f"GCache Search searches nothing: {refusal(bad, subject)}")
-        for prof, what in ((self.profile, "the connected profile"),
-                           (_readable(self.own_profile), os.path.basename(self.own_profile))):
+        once = failed_once(subject) if first_fail_too else None
+        if once is not None:
+            raise NothingToSearch(
+                f"GCache Search evaluates no skip mask now: the self-check of {subject.where()} failed once "
+                f"({describe(once)}), so its skip path may be wrong: no skip mask is sampled until a run checks it "
+                f"again. The search's state is kept; queue GCache Search again: its reference runs check the model "
+                f"again (a pass continues the search; a second fail turns skipping off for this model)")
+        # the search's own profile before reference runs that record it again (left by a search refused after a
+        # first fail) is not what the search will use: they check the model again
+        own = _readable(self.own_profile) if first_fail_too or not self.records_profile() else None
+        for prof, what in ((self.profile, "the connected profile"), (own, os.path.basename(self.own_profile))):
             bad = failed(checks_of(prof.meta)) if prof is not None else None
             if bad is not None:
                 raise NothingToSearch(

@@ -139,6 +139,9 @@ def test_background_search_yields_to_user_prompts_and_equals_the_foreground_one(
     pid = queue(server, search_prompt("bg", "background", gate=g.path))
     h = finished(server, pid)
     assert h["status"]["status_str"] == "success"  # returned after the references, not after the search
+    # their self-check knows the prompt it ran in (a second fail in one prompt counts with its first: verdicts.py)
+    checked = json.loads((server["base"] / "models" / "gcache" / "selfcheck.json").read_text())["verdicts"]
+    assert [(v["result"], v["prompt"]) for v in checked] == [("pass", pid)], checked
     held(server, g, 8, "in its 4th sampled evaluation")  # (start masks that coincide are not sampled twice)
     s = search(server, "bg")
     assert s["status"] == "running" and 3 <= s["evaluations"] < BUDGET == s["budget"], s

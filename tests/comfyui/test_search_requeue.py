@@ -86,6 +86,32 @@ def test_a_larger_budget_continues_a_finished_search_on_the_first_queue(flux, gc
     assert policy.provenance["iterations"] == more
 
 
+def test_a_larger_budget_queued_while_the_search_runs_says_it_is_not_applied(flux, gcache_dir, monkeypatch, queue,
+                                                                           caplog):
+    """A larger budget queued while the same search runs in the background was reported as the running job, with the
+    new budget as if it were the job's ("0 of 12 evaluations") and not a word that it was not applied. The log and
+    the node say it now, and what to do: queue it again once the search finished, which then continues to it."""
+    from gcache.nodes.modes import verdicts
+    name, forecast = "larger", "reuse (0)"
+    more = BUDGET[forecast] + 4
+    shown = []
+    monkeypatch.setattr(verdicts, "show", lambda node_id, text: shown.append(text))
+    execute(flux, monkeypatch, name, forecast, "background")
+    with caplog.at_level("INFO", logger="gcache"):
+        execute(flux, monkeypatch, name, forecast, "background", more)  # while its first slice is queued
+    running = background.JOBS.get(name)
+    assert running.status == "queued" and running.budget == BUDGET[forecast] and len(queue) == 1
+    text = caplog.text
+    assert f"runs in the background (0 of {BUDGET[forecast]} evaluations)" in text
+    assert f"the budget of {more} queued now is not applied" in text and "after this search finishes" in text
+    assert [t for t in shown if "queued now is not applied" in t] == [shown[-1]]  # on the node
+    run_slices(flux, monkeypatch, queue, name, forecast)
+    assert len(state(gcache_dir, name).history) == BUDGET[forecast]  # the running search kept its budget
+    execute(flux, monkeypatch, name, forecast, "background", more)  # queued again after it finished: continued
+    run_slices(flux, monkeypatch, queue, name, forecast, more)
+    assert len(state(gcache_dir, name).history) == more
+
+
 def test_a_policy_that_cant_be_saved_fails_the_job_and_queueing_again_saves_it(flux, gcache_dir, monkeypatch, queue):
     """The slice's end (saving the policy) sat outside the guard that moves a job to failed: a save that failed left
     the job "running" for good (the tab showed it, with a Cancel button, while ComfyUI's queue was empty)."""

@@ -11,8 +11,9 @@ Flux (hidden 256, few blocks): where the tree lacks the code edited, the test sa
   allowance measured on the model (the replay nudged by one unit of rounding) does not.
 - A float32 stack and head whose output is cast to bfloat16 outside any layer: a correct tree that failed at 25.6
   units of float32's allowance (no layer's input shows that rounding; the model's output does).
-- A transient fault: a first fail computes every step and is checked again by the next run; cuBLAS/cuDNN allocation
-  failures are "not checked".
+- A transient fault: a first fail computes every step and is checked again by the next run (of a later prompt: GCache
+  Search's reference runs of one prompt count once, and evaluate no skip mask after a first fail); cuBLAS/cuDNN
+  allocation failures are "not checked".
 """
 import inspect
 import logging
@@ -275,3 +276,110 @@ def test_apply_with_a_policy_checks_a_model_that_failed_once_before_it_skips(gca
     assert apply() == 6 and said(caplog, "failed once; this run computes every step and checks it again")
     assert said(caplog, "GCache self-check passed for Flux")
     assert apply() == 3 and not said(caplog, "GCache self-check")
+
+
+# ------------------------------------------------------------------------------ GCache Search's reference runs
+N, NAME = 8, "checked"
+
+
+def faulty(monkeypatch):
+    """The transient fault above (the reuse forecaster's weight 2 % off) until the context ends."""
+    from gcache.core import forecasters
+    reuse = forecasters.get("reuse")
+    weights = type(reuse).weights
+    monkeypatch.setattr(reuse, "weights", lambda *a: [w * 0.98 for w in weights(reuse, *a)])
+
+
+def search(model, monkeypatch, prompt_id: str, budget=8, seeds=2, mode="foreground", prompt=None):
+    """GCache Search queued as ComfyUI's executor runs a node: inside the prompt `prompt_id` (its executing context,
+    which says what prompt a run belongs to). `prompt`: the slice prompt it runs, for a background slice."""
+    from types import SimpleNamespace
+
+    from comfy_execution.utils import CurrentNodeContext
+    from gcache_test_pack import FakeVAE
+
+    from gcache.nodes.search_node import GCacheSearch
+    m, pos, neg, lat = model
+    monkeypatch.setattr(GCacheSearch, "hidden", SimpleNamespace(prompt=prompt or {"6": {"inputs": {}}},
+                                                                unique_id="6"), raising=False)
+    with CurrentNodeContext(prompt_id, "6"):
+        return GCacheSearch.execute(m, pos, neg, {"samples": lat}, FakeVAE(), 7, seeds, N, 1.0, "euler", "simple", 3,
+                                    budget, 1, "psnr", NAME, mode=mode, slice_seconds=3600).result[0]
+
+
+def evaluations(folder) -> int:
+    from gcache.search.state import SearchState
+    state = SearchState.peek(str(folder / f"{NAME}.search.json"))
+    return len(state.history) if state is not None else 0
+
+
+def verdicts_in(folder) -> list:
+    return list(VerdictBook.load(str(folder / "selfcheck.json")).verdicts.values())
+
+
+@pytest.mark.parametrize("later", ["fault again", "no fault"])
+def test_two_reference_runs_of_one_prompt_fail_once_and_a_later_prompt_checks_again(later, gcache_dir, caplog,
+                                                                                   monkeypatch, queue):
+    """GCache Search's two reference runs (two seeds) each check the model: a fault of one prompt was a fail kept for
+    good within that prompt. Their second fail counts with the first (the same prompt); no skip mask is evaluated;
+    the next prompt checks again: a fail there is kept for good, a pass lets the search run."""
+    flux = tm.flux()
+    with monkeypatch.context() as mp, caplog.at_level("INFO", logger="gcache"):
+        faulty(mp)
+        first = search(flux, monkeypatch, "prompt-1")
+    [v] = verdicts_in(gcache_dir)
+    assert v["result"] == "fail" and v["fails"] == 1 and v["prompt"] == "prompt-1"
+    assert len(said(caplog, "GCache self-check failed once")) == 1 and not said(caplog, "GCache self-check FAILED")
+    assert said(caplog, "GCache self-check failed again in this prompt") and said(caplog, "next run of a later prompt")
+    assert said(caplog, "evaluates no skip mask now") and first.mask == [1] * N and evaluations(gcache_dir) == 0
+    caplog.clear()
+    with monkeypatch.context() as mp, caplog.at_level("INFO", logger="gcache"):
+        if later == "fault again":
+            faulty(mp)
+        second = search(flux, monkeypatch, "prompt-2")
+    [v] = verdicts_in(gcache_dir)
+    if later == "fault again":  # the next prompt's run: the second fail in a row, kept for good
+        assert v["result"] == "fail" and v["fails"] == 2 and said(caplog, "failed twice in a row")
+        assert said(caplog, "GCache Search searches nothing") and second.mask == [1] * N
+        assert evaluations(gcache_dir) == 0
+    else:
+        assert v["result"] == "pass" and said(caplog, "GCache self-check passed for Flux")
+        assert evaluations(gcache_dir) == 8 and second.n_computed == 3
+
+
+def test_a_continued_search_evaluates_no_skip_mask_after_its_reference_run_failed_once(gcache_dir, caplog,
+                                                                                      monkeypatch, queue):
+    """A search queued again with a larger budget continues from its state file; its reference run (every step
+    computed through GCache Apply, checked) failed once, and the search went on evaluating skip masks. It stops
+    before any, says why, and keeps its state; queued again without the fault it continues."""
+    flux = tm.flux()
+    search(flux, monkeypatch, "prompt-1", seeds=1)
+    assert evaluations(gcache_dir) == 8
+    caplog.clear()
+    with monkeypatch.context() as mp, caplog.at_level("INFO", logger="gcache"):
+        faulty(mp)
+        grown = search(flux, monkeypatch, "prompt-2", budget=12, seeds=1)
+    assert grown.mask == [1] * N and evaluations(gcache_dir) == 8  # nothing evaluated, the state as it was
+    assert said(caplog, "GCache self-check failed once") and said(caplog, "evaluates no skip mask now")
+    search(flux, monkeypatch, "prompt-3", budget=12, seeds=1)
+    assert verdicts_in(gcache_dir)[0]["result"] == "pass" and evaluations(gcache_dir) == 12
+
+
+def test_a_slice_evaluates_no_skip_mask_after_a_first_fail_recorded_since_its_reference_runs(gcache_dir, caplog,
+                                                                                            monkeypatch, queue):
+    """A background search keeps its reference images between slices, so a slice samples no reference run: a first
+    fail recorded meanwhile (another prompt's run of the model) stops it before any evaluation, and says why."""
+    from gcache.core.selfcheck import Outcome
+    from gcache.nodes.modes.base import ModeConfig
+    from gcache.nodes.search_jobs import background
+    flux = tm.flux()
+    search(flux, monkeypatch, "prompt-1", mode="background")
+    assert len(queue) == 1 and background.JOBS.get(NAME).status == "queued"
+    subject = ModeConfig.of_model(flux[0], str(gcache_dir))["subject"]
+    subject.record(Outcome("fail", "the skip path's output differs from the computed step's", 0.61, 8.5e-6,
+                           "float32"))
+    with caplog.at_level("INFO", logger="gcache"):
+        out = search(flux, monkeypatch, "prompt-2", mode="background", prompt=queue.pop(0))
+    job = background.JOBS.get(NAME)
+    assert out.mask == [1] * N and evaluations(gcache_dir) == 0 and queue == []
+    assert job.status == "failed" and "evaluates no skip mask now" in job.message and said(caplog, "failed once")
