@@ -1,7 +1,7 @@
 """bench/peers.py's rows on one seed, on the trained tiny Flux (8 steps): every row is there with per-pair values, the
 pass counts are what the nodes computed, auto's fixed-K rows compute that K, the io-inclusive speed-up is the formula's,
-and two rows' PSNR (a LazyCache row, and plain sampling with fewer steps) are recomputed here by hand. About a
-minute."""
+and two rows' PSNR (a LazyCache row, and plain sampling with fewer steps) are recomputed here by hand; and how an
+EasyCache row's skipped steps add the cached differences on this ComfyUI. About a minute."""
 import math
 
 import pytest
@@ -87,3 +87,40 @@ def test_two_rows_psnr_recomputed_by_hand(result):
         row = next(r for r in result["rows"] if r["row"] == label)
         assert row["psnr"][0] == pytest.approx(want, abs=1e-2), label
     assert next(r for r in result["rows"] if r["row"] == "plain 3 steps")["passes"] == [3]
+
+
+def test_easycache_rows_skipped_step_adds_the_cached_differences_as_this_comfyui_does(monkeypatch):
+    """Why the EasyCache rows of 0.3.64 are far below 0.33.0's (docs/trained-models.md): the bench's row (its input
+    copy, KSampler with CFG, so the cond and the empty prompt go through the model as one batch of two) reaches
+    EasyCache's skip with two conds, and 0.3.64's EasyCacheHolder.apply_cache_diff adds every cond's cached
+    difference to the whole batch, where 0.33.0 adds each to its own half. Checked on every skipped call against both
+    sums computed here, which differ."""
+    from comfy_extras import nodes_easycache
+
+    from gcache.comfy_models.families import comfyui_version
+    calls, apply = [], nodes_easycache.EasyCacheHolder.apply_cache_diff
+
+    def recorded(holder, x, uuids, *args, **kwargs):
+        before, diffs = x.clone(), [holder.uuid_cache_diffs[u].clone() for u in uuids]
+        out = apply(holder, x, uuids, *args, **kwargs)
+        calls.append((before, diffs, out.clone()))
+        return out
+
+    monkeypatch.setattr(nodes_easycache.EasyCacheHolder, "apply_cache_diff", recorded)
+    m = load(FLUX).patcher
+    model = nodes_easycache.EasyCacheNode.execute(peers.input_copied(m), 0.5, 0.0, 1.0, False).result[0]
+    s = peers.SETTINGS["flux"]
+    with torch.inference_mode():
+        comfy_nodes.common_ksampler(model, 0, STEPS, s["cfg"], s["sampler"], s["scheduler"], comfy_cond(FLUX, 0),
+                                    comfy_cond(FLUX, -1), {"samples": torch.zeros(1, *FLUX.latent_shape)})
+    assert calls, "EasyCache skipped no step: raise the threshold"
+    whole_batch_add = comfyui_version().startswith("0.3.")  # fixed upstream by 0.33.0
+    for before, diffs, out in calls:
+        assert before.shape[0] == len(diffs) == 2  # the CFG pair in one call
+        own_half, every_diff = before.clone(), before.clone()
+        for i, d in enumerate(diffs):
+            own_half[i:i + 1] += d
+            every_diff += d
+        assert (own_half - every_diff).abs().max() > 1e-2
+        want, other = (every_diff, own_half) if whole_batch_add else (own_half, every_diff)
+        assert torch.allclose(out, want, atol=1e-6) and not torch.allclose(out, other, atol=1e-3)
