@@ -163,6 +163,8 @@ SCRIPTS = [  # script, what it measures, its run in bench/runs.py (or its durati
     ("bench/auto_error_models.py", "which error model's mask auto applies its forecaster on", "auto_error_models", ""),
     ("bench/auto_ranking.py", "how well auto's predictions rank (mask, forecaster) pairs by measured quality, and "
      "what auto's true-loss check picks, on the reference model and the trained tiny models", "auto_ranking", ""),
+    ("bench/auto_seeds.py", "what GCache Apply (auto) gives over several run-1 inputs of the trained tiny models: "
+     "instant, checked, the best candidate, fewer steps", "auto_seeds_wan", "ComfyUI"),
     ("bench/l2p_keeps.py", "how many residuals the l2p forecaster keeps", "l2p_keeps", ""),
     ("bench/few_steps.py", "caching against simply sampling fewer steps, at 4 to 30 steps and 2× to 5×", "few_steps",
      ""),
@@ -1243,4 +1245,17 @@ def auto_seeds_own_alpha(results) -> str:
         for k in r.get("own_alpha", []):
             parts.append(f"{r['model']}, K = {k['K']}: {db(k['fitted_run1'])} / {db(k['fitted_own'])} / "
                          f"{db(k['linear'])}")
+    return "; ".join(parts)
+
+
+@block("auto_seeds.instant_picks")
+def auto_seeds_instant_picks(results) -> str:
+    """Per model: which forecaster auto's instant policy used, over every (run 1, K)."""
+    from collections import Counter
+    parts = []
+    for run in SEEDS_RUNS:
+        r = results(run)
+        got = Counter(k["instant"]["forecast"] for run1 in r["per_run"] for k in run1["ks"])
+        total = sum(got.values())
+        parts.append(f"{r['model']}: " + ", ".join(f"{f} {n} of {total}" for f, n in got.most_common()))
     return "; ".join(parts)
