@@ -40,6 +40,11 @@ def profile_path(folder: str, name: str) -> str:
     return os.path.join(folder, safe_name(name, "profile name") + PROFILE_SUFFIX)
 
 
+def search_profile_path(folder: str, name: str) -> str:
+    """The profile GCache Search `name` records from its reference runs when none is connected."""
+    return os.path.join(folder, name + ".search" + PROFILE_SUFFIX)
+
+
 def policy_path(folder: str, name: str) -> str:
     return os.path.join(folder, safe_name(name, "policy name") + POLICY_SUFFIX)
 

@@ -2,15 +2,22 @@
 ones as paused, and file names, never server folders."""
 import json
 import os
+import shutil
 
 import pytest
+import search_fixture as fx
 from test_search_bilevel import CFG, Evaluator, make_profile
+from test_search_end_game_complete import CONFIG as STOPPED_CONFIG
+from test_search_end_game_complete import StopsOnFreshSeeds
+from test_search_larger_budget import FreshEvaluator
 
 from gcache.core.errors import GCacheError
+from gcache.core.profile import Profile
+from gcache.nodes.artifacts import search_profile_path
 from gcache.nodes.search_jobs.background import MOVES, Job, Jobs, file_names
 from gcache.search.config import SearchConfig
 from gcache.search.loop import run_search
-from gcache.search.state import load_state
+from gcache.search.state import SearchState, load_state
 
 
 @pytest.mark.parametrize("text, shown", [
@@ -155,3 +162,25 @@ def test_update_cancel_and_listing_run_under_the_lock(tmp_path):
     fields = {k for k, _ in _Watched.seen}
     assert {"status", "evaluations", "message", "updated", "public", "refs"} <= fields
     assert all(held for _, held in _Watched.seen), _Watched.seen
+
+
+def test_a_search_whose_end_game_was_stopped_is_paused_until_a_queue_finishes_it(tmp_path):
+    """Its state says done, but its end game owes evaluations (stopped on its fresh seeds): the old listing said
+    "done" while queueing it again samples and may change the policy."""
+    profile, folder = Profile.load(fx.PROFILE), str(tmp_path)
+    shutil.copy(fx.PROFILE, search_profile_path(folder, "s"))  # where its reference runs record it
+    path, config = os.path.join(folder, "s.search.json"), STOPPED_CONFIG
+    with pytest.raises(RuntimeError, match="interrupted"):
+        run_search(profile, config, StopsOnFreshSeeds(), state_path=path, provenance=fx.PROVENANCE)
+    assert SearchState.peek(path).done
+    row = Jobs().listing([folder])[0]
+    assert row["status"] == "paused" and row["evaluations"] == row["budget"] == config.budget
+    assert row["message"].startswith("end game unfinished") and "queue GCache Search again to finish it" in \
+        row["message"]
+    ev = FreshEvaluator()  # the queue the row asks for: it samples what the end game owed
+    result = run_search(profile, config, ev, state_path=path, provenance=fx.PROVENANCE)
+    assert ev.calls == [] and len(ev.fresh_calls) >= 1
+    result.policy.save(os.path.join(folder, "s.json"))
+    row = Jobs().listing([folder])[0]
+    assert row["status"] == "done" and row["message"] == "done: s.json saved"
+    assert row["best_loss"] == result.policy.metrics["loss"]

@@ -33,7 +33,7 @@ from typing import Any, Optional
 
 from ...core.errors import GCacheError
 from ...core.user_text import without_server_paths
-from ..artifacts import POLICY_SUFFIX, STATE_SUFFIX
+from ..artifacts import POLICY_SUFFIX, STATE_SUFFIX, search_profile_path
 
 log = logging.getLogger("gcache")
 SLICE_KEY = "gcache_slice"  # in a slice prompt's GCache Search inputs: the job it continues ("<id>/<token>")
@@ -204,6 +204,10 @@ def _state_row(folder: str, f: str) -> Optional[dict]:
            "best_loss": min(losses) if losses else None,
            "message": "not running in this ComfyUI: queue GCache Search again to resume", "state_file": f,
            "updated": round(os.path.getmtime(path), 3)}
+    if state.done and _end_game_unfinished(folder, name, state):  # paused: the next queue samples what it owes
+        row["message"] = ("end game unfinished (its forecaster check or its final choice on fresh seeds was stopped): "
+                          "queue GCache Search again to finish it")
+        return row
     if state.done:
         loss = _policy_loss(os.path.join(folder, name + POLICY_SUFFIX), state.search_id)
         row.update(status="done", message=f"done: {name}{POLICY_SUFFIX} saved" if loss is not None else
@@ -212,6 +216,26 @@ def _state_row(folder: str, f: str) -> Optional[dict]:
         if loss is not None:
             row["best_loss"] = loss  # the loss of the policy it chose, as the tab showed when it finished
     return row
+
+
+def _end_game_unfinished(folder: str, name: str, state) -> bool:
+    """Whether a done search's end game still has evaluations to make (end_game.complete: a Cancel, an Interrupt or a
+    crash stopped it in its forecaster check or on its fresh seeds; the next queue samples them, and they may change
+    the policy). The state alone can't tell: which forecasters the end game measures depends on what the profile can
+    fit (l2p needs the Gram statistics). So this reads the search's own profile (<name>.search.profile.safetensors,
+    some 0.2 MB, for done rows only) when the state was made from it, and asks the question the next queue asks
+    (search_node.py _is_finished). A search on a connected profile (not found here) is judged by its policy file."""
+    from ...core.profile import Profile
+    from ...search import end_game
+    from ...search.state_file import profile_identity
+    path = search_profile_path(folder, name)
+    try:
+        profile = Profile.load(path) if os.path.isfile(path) else None
+        if profile is None or profile.defect or profile_identity(profile) != dict(state.profile_id or {}):
+            return False
+        return not end_game.complete(state, profile, state.config["forecast"])
+    except (GCacheError, OSError, ValueError, KeyError):  # a damaged profile: the search itself says why when queued
+        return False
 
 
 def _policy_loss(path: str, search: Optional[str]) -> Optional[float]:

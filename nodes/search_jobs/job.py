@@ -76,7 +76,7 @@ class SearchJob:
 
     @property
     def own_profile(self) -> str:
-        return os.path.join(self.folder, self.name + ".search" + artifacts.PROFILE_SUFFIX)
+        return artifacts.search_profile_path(self.folder, self.name)
 
     def provenance(self) -> dict:
         """What the references depend on, so that a state file made with another prompt/LoRA or another checkpoint
