@@ -168,7 +168,8 @@ class Jobs:
 
     def listing(self, folders: list[str]) -> list[dict]:
         """The searches of this process, then the other state files in the gcache folders: finished ones (done, as
-        their policy file says) and unfinished ones (paused: a server that was killed or restarted)."""
+        their policy file says) and unfinished ones (paused: a server that was killed or restarted, or an end game that
+        was stopped)."""
         with self._lock:  # one consistent picture of the jobs; the folders are read after
             out = [j.public() for j in sorted(self._jobs.values(), key=lambda j: -j.updated)]
             known = {j.state_path for j in self._jobs.values()}
