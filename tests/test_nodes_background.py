@@ -13,7 +13,7 @@ from test_search_larger_budget import FreshEvaluator
 
 from gcache.core.errors import GCacheError
 from gcache.core.profile import Profile
-from gcache.nodes.artifacts import search_profile_path
+from gcache.nodes.artifacts import PROFILE_SUFFIX, search_profile_path
 from gcache.nodes.search_jobs.background import MOVES, Job, Jobs, file_names
 from gcache.search.config import SearchConfig
 from gcache.search.loop import run_search
@@ -164,11 +164,13 @@ def test_update_cancel_and_listing_run_under_the_lock(tmp_path):
     assert all(held for _, held in _Watched.seen), _Watched.seen
 
 
-def test_a_search_whose_end_game_was_stopped_is_paused_until_a_queue_finishes_it(tmp_path):
+@pytest.mark.parametrize("own", [True, False], ids=["own profile", "connected profile"])
+def test_a_search_whose_end_game_was_stopped_is_paused_until_a_queue_finishes_it(tmp_path, own):
     """Its state says done, but its end game owes evaluations (stopped on its fresh seeds): the old listing said
-    "done" while queueing it again samples and may change the policy."""
+    "done" while queueing it again samples and may change the policy. The profile it was made from is its own (where
+    its reference runs record it) or a connected one in the gcache folder (as GCache Profile saves it)."""
     profile, folder = Profile.load(fx.PROFILE), str(tmp_path)
-    shutil.copy(fx.PROFILE, search_profile_path(folder, "s"))  # where its reference runs record it
+    shutil.copy(fx.PROFILE, search_profile_path(folder, "s") if own else os.path.join(folder, "mine" + PROFILE_SUFFIX))
     path, config = os.path.join(folder, "s.search.json"), STOPPED_CONFIG
     with pytest.raises(RuntimeError, match="interrupted"):
         run_search(profile, config, StopsOnFreshSeeds(), state_path=path, provenance=fx.PROVENANCE)

@@ -33,7 +33,7 @@ from typing import Any, Optional
 
 from ...core.errors import GCacheError
 from ...core.user_text import without_server_paths
-from ..artifacts import POLICY_SUFFIX, STATE_SUFFIX, search_profile_path
+from ..artifacts import POLICY_SUFFIX, PROFILE_SUFFIX, STATE_SUFFIX, search_profile_path
 
 log = logging.getLogger("gcache")
 SLICE_KEY = "gcache_slice"  # in a slice prompt's GCache Search inputs: the job it continues ("<id>/<token>")
@@ -173,13 +173,14 @@ class Jobs:
         with self._lock:  # one consistent picture of the jobs; the folders are read after
             out = [j.public() for j in sorted(self._jobs.values(), key=lambda j: -j.updated)]
             known = {j.state_path for j in self._jobs.values()}
+        profiles = _Profiles(folders)
         for folder in folders:
             if not os.path.isdir(folder):
                 continue
             for f in sorted(os.listdir(folder)):
                 path = os.path.join(folder, f)
                 if f.endswith(STATE_SUFFIX) and path not in known:
-                    row = _state_row(folder, f)
+                    row = _state_row(folder, f, profiles)
                     if row is not None:
                         out.append(row)
         return out
@@ -192,7 +193,7 @@ def another_search(live: Job) -> str:
             "this search another policy_name, or cancel the other one in the GCache tab first.")
 
 
-def _state_row(folder: str, f: str) -> Optional[dict]:
+def _state_row(folder: str, f: str, profiles: "_Profiles") -> Optional[dict]:
     """The tab's row of a state file no search of this process owns (None: not a readable state)."""
     from ...search.state import SearchState
     path, name = os.path.join(folder, f), f[:-len(STATE_SUFFIX)]
@@ -205,7 +206,8 @@ def _state_row(folder: str, f: str) -> Optional[dict]:
            "best_loss": min(losses) if losses else None,
            "message": "not running in this ComfyUI: queue GCache Search again to resume", "state_file": f,
            "updated": round(os.path.getmtime(path), 3)}
-    if state.done and _end_game_unfinished(folder, name, state):  # paused: the next queue samples what it owes
+    if state.done and _end_game_unfinished(state, profiles.of(state, search_profile_path(folder, name))):
+        # paused: the next queue samples what its end game owes
         row["message"] = ("end game unfinished (its forecaster check or its final choice on fresh seeds was stopped): "
                           "queue GCache Search again to finish it")
         return row
@@ -219,24 +221,49 @@ def _state_row(folder: str, f: str) -> Optional[dict]:
     return row
 
 
-def _end_game_unfinished(folder: str, name: str, state) -> bool:
+def _end_game_unfinished(state, profile) -> bool:
     """Whether a done search's end game still has evaluations to make (end_game.complete: a Cancel, an Interrupt or a
     crash stopped it in its forecaster check or on its fresh seeds; the next queue samples them, and they may change
-    the policy). The state alone can't tell: which forecasters the end game measures depends on what the profile can
-    fit (l2p needs the Gram statistics). So this reads the search's own profile (<name>.search.profile.safetensors,
-    some 0.2 MB, for done rows only) when the state was made from it, and asks the question the next queue asks
-    (search_node.py _is_finished). A search on a connected profile (not found here) is judged by its policy file."""
-    from ...core.profile import Profile
+    the policy). The state alone can't tell: which forecasters the end game measures depends on what its profile can
+    fit (l2p needs the Gram statistics), so this asks, with that profile, the question the next queue asks
+    (search_node.py _is_finished). Without the profile (None: not in the gcache folders) the policy file judges."""
     from ...search import end_game
-    from ...search.state_file import profile_identity
-    path = search_profile_path(folder, name)
-    try:
-        profile = Profile.load(path) if os.path.isfile(path) else None
-        if profile is None or profile.defect or profile_identity(profile) != dict(state.profile_id or {}):
-            return False
-        return not end_game.complete(state, profile, state.config["forecast"])
-    except (GCacheError, OSError, ValueError, KeyError):  # a damaged profile: the search itself says why when queued
+    if profile is None:
         return False
+    try:
+        return not end_game.complete(state, profile, state.config["forecast"])
+    except (GCacheError, KeyError):  # a forecaster this GCache lacks: the search itself says why when queued
+        return False
+
+
+class _Profiles:
+    """The profile a done search was made from, found for the listing: its own (<name>.search.profile.safetensors,
+    where its reference runs record it), else the one of the same identity (state_file.profile_identity) in the gcache
+    folders (a connected profile). Profiles are some 0.2 MB; they are read for done rows only, each file once."""
+
+    def __init__(self, folders: list[str]):
+        self.folders, self.loaded = folders, {}
+
+    def load(self, path: str):
+        from ...core.profile import Profile
+        from ...search.state_file import profile_identity
+        if path not in self.loaded:
+            try:
+                profile = Profile.load(path)
+                self.loaded[path] = None if profile.defect else (profile_identity(profile), profile)
+            except (GCacheError, OSError):  # a damaged profile is no search's: the search says why when queued
+                self.loaded[path] = None
+        return self.loaded[path]
+
+    def of(self, state, own: str):
+        want = dict(state.profile_id or {})
+        paths = [own] + [os.path.join(d, f) for d in self.folders if os.path.isdir(d)
+                         for f in sorted(os.listdir(d)) if f.endswith(PROFILE_SUFFIX)]
+        for path in dict.fromkeys(paths):
+            found = self.load(path) if os.path.isfile(path) else None
+            if found is not None and found[0] == want:
+                return found[1]
+        return None
 
 
 def _policy_loss(path: str, search: Optional[str]) -> Optional[float]:
