@@ -149,8 +149,19 @@ def test_a_search_interrupted_on_its_fresh_seeds_finishes_its_end_game_when_queu
         execute(flux, monkeypatch, name, forecast, "foreground")
     state = SearchState.peek(str(gcache_dir / f"{name}.search.json"))
     assert state.done and not state.fresh  # stopped before any fresh seed was measured
+    assert tab_row(background.JOBS, gcache_dir, name)["status"] == "paused"  # this process's job: interrupted
+    row = tab_row(background.Jobs(), gcache_dir, name)  # after a restart: from the state file (old code: "done")
+    assert row["status"] == "paused" and row["message"].startswith("end game unfinished"), row
     monkeypatch.setattr(Evaluation, "__call__", real)
     policy = execute(flux, monkeypatch, name, forecast, "foreground")
     fresh = policy.provenance.get("fresh_seeds") or {}
     assert "skipped" not in fresh and len(fresh.get("losses", {})) >= 2, fresh  # old code: skipped
     assert len(SearchState.peek(str(gcache_dir / f"{name}.search.json")).fresh) >= 2
+    for jobs in (background.JOBS, background.Jobs()):
+        row = tab_row(jobs, gcache_dir, name)
+        assert row["status"] == "done" and row["message"] == f"done: {name}.json saved", row
+
+
+def tab_row(jobs, gcache_dir, name) -> dict:
+    """The GCache tab's row of search `name` (GET /gcache/searches lists Jobs.listing)."""
+    return next(r for r in jobs.listing([str(gcache_dir)]) if r["id"] == name)
