@@ -100,3 +100,26 @@ def test_on_the_reference_model_a_larger_k_is_never_checked_worse_than_the_small
         assert min(c["loss"] for c in rec["candidates"]) <= hit[0]["loss"]
         by_hand = float(((sample(chosen).double() - ref.double()) ** 2).mean())
         assert rec["candidates"][rec["chosen"]]["loss"] == pytest.approx(by_hand, rel=1e-5)
+
+
+def test_on_the_reference_model_the_checked_picks_quality_on_held_out_seeds_rises_with_k():
+    """Issue 49's monotone K, measured where it is cheap: run 1 profiles one batch of seeds, the check judges the
+    candidates one full run pays for (at the profile's own io share) on run 1's inputs, as GCache Apply (auto)
+    does, and each K's pick is applied to held-out seeds. Its PSNR against their full run must not fall from one K
+    to the next (bench/auto_ranking.py: 25.38, 31.22, 31.51, 36.89 dB at K = 3..6 of 20, 16 held-out seeds)."""
+    from gcache.reference_model.harness import ReferenceHarness
+    from gcache.search.infra.objectives import psnr
+    h = ReferenceHarness(20)
+    run1, held = list(range(1000, 1008)), list(range(0, 8))
+    prof = h.profile(run1, forecast=True)
+    ref1, ref = h.full(run1), h.full(held)
+
+    def sample(p, seeds):
+        return h.run(seeds, p.mask, forecast=p.forecast, forecast_params=p.forecast_params)[0]
+
+    got = []
+    for k in range(3, 7):
+        cands = auto_check.candidates(prof, k)
+        chosen, _ = auto_check.check(cands, lambda p: sample(p, run1), ref1, auto_check.mse)
+        got.append(psnr(sample(chosen, held), ref))
+    assert all(b >= a for a, b in zip(got, got[1:])), got
