@@ -1259,3 +1259,15 @@ def auto_seeds_instant_picks(results) -> str:
         total = sum(got.values())
         parts.append(f"{r['model']}: " + ", ".join(f"{f} {n} of {total}" for f, n in got.most_common()))
     return "; ".join(parts)
+
+
+@block("auto_ranking.goal_gap")
+def auto_ranking_goal_gap(results) -> str:
+    """Per model at each K ≤ N/4: auto's checked pick minus the best pair the study measured (dB)."""
+    parts = []
+    for name, res in ranking_models(results):
+        n = results(RANKING_RUNS[0])["steps"]
+        gaps = [f"K = {k['K']} {num(k['checked']['psnr'] - k['best']['psnr'], '+.2f')}" for k in res["ks"]
+                if k["K"] <= n // 4]
+        parts.append(f"{name}: " + ", ".join(gaps))
+    return "; ".join(parts)

@@ -53,8 +53,9 @@ SELFCHECK = ("bench/selfcheck_margins.py", "core", "nodes/patching", "nodes/mode
              "tests/comfyui/tiny_image_models_033.py", "tests/comfyui/tiny_video_models_033.py")
 PEERS = ("bench/peers.py", "bench/peers_compare.py", "comfy_models", "comfy_models/flux_tiny.safetensors",
          "comfy_models/wan_tiny.safetensors", "core", "search", "nodes")
-# bench/auto_ranking.py on the trained models: sized to run in minutes on one core (see its docs for the sizes)
-RANKING_COMFY = ("--random", "0", "--per-label", "1", "--forecasters", "reuse", "linear", "fitted")
+# bench/auto_ranking.py on the trained models: reuse, linear and fitted on 35 or more masks a K (random ones coincide)
+RANKING_COMFY = ("--random", "36", "--per-label", "2", "--forecasters", "reuse", "linear", "fitted", "--ks", "3", "4",
+                 "5", "6", "8")  # at least 100 (mask, forecaster) pairs per K
 RANKING_SOURCES = ("bench/auto_ranking.py", "bench/peers.py", "comfy_models", "comfy_models/flux_tiny.safetensors",
                    "comfy_models/wan_tiny.safetensors", "core", "search", "nodes")
 SPEED = ("bench/speed.py", "bench/speed_harness.py", "bench/speed_models.py", "bench/speed_comfy.py", "core",
@@ -106,12 +107,13 @@ RUNS = {r.name: r for r in (
         ("bench/quality.py", "bench/rivals.py") + QUALITY, minutes=14),
     Run("auto_error_models", "gcache.bench.auto_error_models", (), ("bench/auto_error_models.py", "bench/quality.py")
         + QUALITY, minutes=6),
-    Run("auto_ranking", "gcache.bench.auto_ranking", (), ("bench/auto_ranking.py",) + QUALITY, minutes=15),
+    Run("auto_ranking", "gcache.bench.auto_ranking", ("--random", "20"), ("bench/auto_ranking.py",) + QUALITY,
+        minutes=5),
     Run("auto_ranking_flux", "gcache.bench.auto_ranking",
-        RANKING_COMFY + ("--models", "flux", "--ks", "3", "4", "5", "8"),
-        RANKING_SOURCES, minutes=6, needs="comfyui", env=COMFYUI_ENV, python=COMFYUI_PYTHON),
-    Run("auto_ranking_wan", "gcache.bench.auto_ranking", RANKING_COMFY + ("--models", "wan", "--ks", "4", "5", "8"),
-        RANKING_SOURCES, minutes=10, needs="comfyui", env=COMFYUI_ENV, python=COMFYUI_PYTHON),
+        RANKING_COMFY + ("--models", "flux"), RANKING_SOURCES, minutes=25, needs="comfyui", env=COMFYUI_ENV,
+        python=COMFYUI_PYTHON),
+    Run("auto_ranking_wan", "gcache.bench.auto_ranking", RANKING_COMFY + ("--models", "wan"), RANKING_SOURCES,
+        minutes=20, needs="comfyui", env=COMFYUI_ENV, python=COMFYUI_PYTHON),
     Run("auto_seeds_wan", "gcache.bench.auto_seeds", ("--model", "wan", "--runs", "8", "--own-alpha"),
         ("bench/auto_seeds.py",) + RANKING_SOURCES, minutes=20, needs="comfyui", env=COMFYUI_ENV,
         python=COMFYUI_PYTHON),
