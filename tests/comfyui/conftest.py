@@ -21,6 +21,13 @@ if COMFY:
     comfy.cli_args.args.cpu = not torch.cuda.is_available()  # before comfy.model_management picks a device
 
 
+    @pytest.fixture(scope="module")
+    def flux():
+        """tiny_models' Flux, built once per test module (a module defining its own `flux` uses that one)."""
+        import tiny_models
+        return tiny_models.flux()
+
+
     @pytest.fixture()
     def gcache_dir(tmp_path):
         """models/gcache pointed at a fresh folder for one test (and back afterwards)."""

@@ -12,7 +12,6 @@ if not COMFY:
 import tiny_models as tm  # noqa: E402
 import torch  # noqa: E402
 
-import nodes as comfy_nodes  # noqa: E402
 from gcache.core.policy import Policy  # noqa: E402
 from gcache.core.profile import Profile  # noqa: E402
 from gcache.nodes.apply_node import GCacheApply  # noqa: E402
@@ -27,14 +26,8 @@ N = 8
 STACK, CALL = 3.0, 4.0
 
 
-@pytest.fixture(scope="module")
-def flux():
-    return tm.flux()
-
-
 def ksample(model, pos, neg, lat, steps=N):
-    return comfy_nodes.common_ksampler(model, 0, steps, 1.0, "euler", "simple", pos, neg,
-                                       {"samples": lat})[0]["samples"]
+    return tm.ksample(model, pos, neg, lat, steps)
 
 
 

@@ -157,3 +157,9 @@ class BlockRuns:
 
     def __exit__(self, *e):
         self.h.remove()
+
+
+def ksample(model, pos, neg, lat, steps: int):
+    """KSampler's own sampling of `lat` with euler / simple, CFG 1, seed 0: the auto tests' run."""
+    import nodes
+    return nodes.common_ksampler(model, 0, steps, 1.0, "euler", "simple", pos, neg, {"samples": lat})[0]["samples"]
